@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The local harness: real Kafka (KRaft, from Apache's jars on Maven Central), Redis and
+# Prometheus (Debian packages) on 127.0.0.1, for development, tests and benchmarks.
+#
+#   scripts/services.sh install   apt packages and the Kafka jars (cached in .cache/)
+#   scripts/services.sh up        start whatever is not running, wait until each answers, print settings
+#   scripts/services.sh down      stop what `up` started (by pid file)
+#   scripts/services.sh status    exit 0 when all three answer
+#   scripts/services.sh env       print the RANKMETER_* connection settings
+#
+# Ports are fixed and non-standard so they do not collide with a developer's own servers;
+# override with RANKMETER_HARNESS_{KAFKA,REDIS,PROMETHEUS}_PORT.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+STATE=${RANKMETER_HARNESS_DIR:-$ROOT/.services}
+JARS=$ROOT/.cache/kafka-jars
+KAFKA_PORT=${RANKMETER_HARNESS_KAFKA_PORT:-19092}
+CONTROLLER_PORT=$((KAFKA_PORT + 1))
+REDIS_PORT=${RANKMETER_HARNESS_REDIS_PORT:-16379}
+PROMETHEUS_PORT=${RANKMETER_HARNESS_PROMETHEUS_PORT:-19090}
+HOST=127.0.0.1
+
+log() { echo "services: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+install() {
+    local missing=()
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+    command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+    command -v mvn >/dev/null || missing+=(maven)
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]} with apt-get"
+        as_root apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    # Debian's packages start their own daemons on the standard ports; the harness runs its own.
+    if [ -f "$JARS/.complete" ] && [ "$JARS/.complete" -nt "$ROOT/deploy/kafka/pom.xml" ]; then
+        return
+    fi
+    log "resolving the Kafka broker jars from Maven Central into .cache/kafka-jars"
+    rm -rf "$JARS"
+    mvn -q -B -f "$ROOT/deploy/kafka/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="$JARS" -DincludeScope=runtime
+    touch "$JARS/.complete"
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+kafka_answers() { (exec 3<>/dev/tcp/$HOST/$KAFKA_PORT) 2>/dev/null && grep -q "Kafka Server started" "$STATE/kafka/kafka.log" 2>/dev/null; }
+redis_answers() { [ "$(redis-cli -h $HOST -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+prometheus_answers() { curl -sf "http://$HOST:$PROMETHEUS_PORT/-/ready" >/dev/null 2>&1; }
+
+wait_for() { # name check-function seconds
+    local deadline=$((SECONDS + $3))
+    until $2; do
+        [ $SECONDS -lt $deadline ] || die "$1 did not answer within $3 s (log in $STATE/$1/)"
+        sleep 0.3
+    done
+}
+
+start_kafka() {
+    local dir=$STATE/kafka
+    if pid_alive "$dir/pid"; then return; fi
+    mkdir -p "$dir"
+    cat > "$dir/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$dir/data
+num.partitions=4
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+EOF
+    local cp="$JARS/*"
+    if [ ! -f "$dir/data/meta.properties" ]; then
+        java -cp "$cp" kafka.tools.StorageTool format --ignore-formatted \
+            -t "$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null)" \
+            -c "$dir/server.properties" > "$dir/format.log" 2>&1 || die "kafka storage format failed: $(tail -1 "$dir/format.log")"
+    fi
+    : > "$dir/kafka.log"
+    nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$ROOT/deploy/kafka/log4j2.properties" \
+        -cp "$cp" kafka.Kafka "$dir/server.properties" >> "$dir/kafka.log" 2>&1 &
+    echo $! > "$dir/pid"
+}
+
+start_redis() {
+    local dir=$STATE/redis
+    if pid_alive "$dir/pid"; then return; fi
+    mkdir -p "$dir"
+    redis-server --bind $HOST --port "$REDIS_PORT" --dir "$dir" --save "" --appendonly no \
+        --daemonize yes --pidfile "$dir/pid" --logfile "$dir/redis.log"
+}
+
+start_prometheus() {
+    local dir=$STATE/prometheus
+    if pid_alive "$dir/pid"; then return; fi
+    mkdir -p "$dir/data"
+    # Scrapes itself until a rankmeter target is added (tests write their own configs).
+    cat > "$dir/prometheus.yml" <<EOF
+global:
+  scrape_interval: 5s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["$HOST:$PROMETHEUS_PORT"]
+EOF
+    nohup prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+        --web.listen-address="$HOST:$PROMETHEUS_PORT" --web.enable-lifecycle \
+        > "$dir/prometheus.log" 2>&1 &
+    echo $! > "$dir/pid"
+}
+
+print_env() {
+    echo "RANKMETER_KAFKA_BOOTSTRAP_SERVERS=$HOST:$KAFKA_PORT"
+    echo "RANKMETER_REDIS_URL=redis://$HOST:$REDIS_PORT/0"
+    echo "RANKMETER_PROMETHEUS_URL=http://$HOST:$PROMETHEUS_PORT"
+}
+
+up() {
+    install
+    start_redis
+    start_kafka
+    start_prometheus
+    wait_for redis redis_answers 20
+    wait_for prometheus prometheus_answers 60
+    wait_for kafka kafka_answers 120
+    log "Kafka, Redis and Prometheus are up (state and logs in $STATE)"
+    print_env
+}
+
+stop_one() {
+    local name=$1 pidfile=$STATE/$1/pid
+    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+    local pid; pid=$(cat "$pidfile")
+    kill "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && { log "$name did not stop in 20 s; killing it"; kill -9 "$pid"; }
+    rm -f "$pidfile"
+    log "stopped $name"
+}
+
+down() {
+    stop_one prometheus
+    stop_one kafka
+    stop_one redis
+    # Data is disposable: the next `up` starts from empty topics and an empty Redis.
+    rm -rf "$STATE"
+}
+
+status() { redis_answers && kafka_answers && prometheus_answers; }
+
+case "${1:-}" in
+    install) install ;;
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    env) print_env ;;
+    *) echo "usage: $0 install|up|down|status|env" >&2; exit 2 ;;
+esac

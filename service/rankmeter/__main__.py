@@ -1,0 +1,3 @@
+from rankmeter.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,15 @@
+"""The metric engine: pure computation, no I/O, shared by `rankmeter serve` and `rankmeter eval`.
+
+    QueryState (query.py)  one query's ranked list and grades, updated in place
+    Batch, stack (batch.py)  many states as padded arrays
+    parse, Measure (measures.py)  measure names and their definitions
+    macro, micro (aggregate.py)  averages over queries
+"""
+
+from rankmeter.engine.aggregate import Average, macro, micro
+from rankmeter.engine.batch import Batch, stack
+from rankmeter.engine.measures import FAMILIES, Measure, Ratio, evaluate, parse, parse_all
+from rankmeter.engine.query import QueryState
+
+__all__ = ["Average", "Batch", "FAMILIES", "Measure", "QueryState", "Ratio", "evaluate",
+           "macro", "micro", "parse", "parse_all", "stack"]

@@ -1,0 +1,101 @@
+"""One query's shown list and its known grades, kept as the arrays the measures read.
+
+Grades arrive one at a time in the live service (a click, then a purchase, then a
+judgment). `QueryState.set_grade` patches the state in place: one cell of the row,
+the counters, and one insertion into the sorted ideal grades. Nothing is rebuilt, and
+the result is exactly the state `QueryState.from_grades` builds from scratch.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+
+def first_occurrences(ranking: Iterable[str]) -> list[str]:
+    """The ranking with repeated document ids dropped, keeping each one's first rank."""
+    return list(dict.fromkeys(ranking))
+
+
+class QueryState:
+    """A ranked list of document ids and every known grade for the query.
+
+    `relevance_level` is trec_eval's `-l`: a grade at or above it is relevant.
+    `shown_grade` is the grade a shown document has before any signal: ``None`` leaves
+    it unjudged (trec_eval's view of a run), ``0`` makes it judged non-relevant (the
+    live service's view: a result that was shown and not acted on).
+    """
+
+    __slots__ = ("ranking", "rank_of", "relevance_level", "grades", "row_grades",
+                 "row_judged", "ideal_ascending", "num_rel", "num_nonrel")
+
+    def __init__(self, ranking: Sequence[str], relevance_level: float = 1,
+                 shown_grade: float | None = None) -> None:
+        self.ranking: list[str] = first_occurrences(ranking)
+        self.rank_of: dict[str, int] = {doc: i for i, doc in enumerate(self.ranking)}
+        self.relevance_level = relevance_level
+        self.grades: dict[str, float] = {}
+        n = len(self.ranking)
+        self.row_grades = np.zeros(n)
+        self.row_judged = np.zeros(n, dtype=bool)
+        # Positive grades only: they alone contribute to the ideal DCG.
+        self.ideal_ascending: list[float] = []
+        self.num_rel = 0
+        self.num_nonrel = 0
+        if shown_grade is not None:
+            for doc in self.ranking:
+                self.set_grade(doc, shown_grade)
+
+    @classmethod
+    def from_grades(cls, ranking: Sequence[str], grades: Mapping[str, float],
+                    relevance_level: float = 1, shown_grade: float | None = None) -> QueryState:
+        """Build the state in one go (the reference the incremental path must equal)."""
+        state = cls(ranking, relevance_level)
+        all_grades = dict.fromkeys(state.ranking, shown_grade) if shown_grade is not None else {}
+        all_grades.update(grades)
+        state.grades = {doc: float(g) for doc, g in all_grades.items()}
+        for doc, g in state.grades.items():
+            i = state.rank_of.get(doc)
+            if i is not None:
+                state.row_grades[i] = g
+                state.row_judged[i] = True
+        level = relevance_level
+        state.num_rel = sum(1 for g in state.grades.values() if g >= level)
+        state.num_nonrel = len(state.grades) - state.num_rel
+        state.ideal_ascending = sorted(g for g in state.grades.values() if g > 0)
+        return state
+
+    def set_grade(self, doc: str, grade: float) -> bool:
+        """Record `doc`'s grade (replacing any earlier one); False when nothing changed."""
+        grade = float(grade)
+        old = self.grades.get(doc)
+        if old == grade:
+            return False
+        if old is not None:
+            self._count(old, -1)
+        self._count(grade, +1)
+        self.grades[doc] = grade
+        i = self.rank_of.get(doc)
+        if i is not None:
+            self.row_grades[i] = grade
+            self.row_judged[i] = True
+        return True
+
+    def _count(self, grade: float, sign: int) -> None:
+        if grade >= self.relevance_level:
+            self.num_rel += sign
+        else:
+            self.num_nonrel += sign
+        if grade > 0:
+            if sign > 0:
+                bisect.insort(self.ideal_ascending, grade)
+            else:
+                del self.ideal_ascending[bisect.bisect_left(self.ideal_ascending, grade)]
+
+    def __len__(self) -> int:
+        return len(self.ranking)
+
+    def __repr__(self) -> str:
+        return f"QueryState(n={len(self.ranking)}, judged={len(self.grades)}, R={self.num_rel})"
