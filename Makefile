@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
+PYTEST_ARGS ?= -v
 
 .PHONY: help venv services services-down test test-unit bench demo clean
 

@@ -8,6 +8,7 @@ queries a poll batch touched; `rankmeter eval` stacks every query of a run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -39,22 +40,20 @@ def stack(states: Sequence[QueryState]) -> Batch:
     # At least one column, so every reduction has something to reduce.
     width = max((len(s.ranking) for s in states), default=1) or 1
     ideal_width = max((len(s.ideal_ascending) for s in states), default=1) or 1
+    length = np.fromiter((len(s.ranking) for s in states), dtype=np.int64, count=q)
+    ideal_length = np.fromiter((len(s.ideal_ascending) for s in states), dtype=np.int64, count=q)
+    # Rows are concatenated once and dropped into the padded matrix through a mask:
+    # row-major order of the mask's True cells is the concatenation order.
+    cells = np.arange(width) < length[:, None]
     grades = np.zeros((q, width))
+    grades[cells] = np.fromiter(chain.from_iterable(s.row_grades for s in states), float, int(length.sum()))
     judged = np.zeros((q, width), dtype=bool)
+    judged[cells] = np.fromiter(chain.from_iterable(s.row_judged for s in states), bool, int(length.sum()))
     ideal = np.zeros((q, ideal_width))
-    length = np.empty(q, dtype=np.int64)
-    num_rel = np.empty(q, dtype=np.int64)
-    num_nonrel = np.empty(q, dtype=np.int64)
-    level = np.empty((q, 1))
-    for row, s in enumerate(states):
-        n = len(s.ranking)
-        grades[row, :n] = s.row_grades
-        judged[row, :n] = s.row_judged
-        m = len(s.ideal_ascending)
-        ideal[row, :m] = s.ideal_ascending[::-1]
-        length[row] = n
-        num_rel[row] = s.num_rel
-        num_nonrel[row] = s.num_nonrel
-        level[row] = s.relevance_level
-    rel = judged & (grades >= level)
+    ideal[np.arange(ideal_width) < ideal_length[:, None]] = np.fromiter(
+        chain.from_iterable(reversed(s.ideal_ascending) for s in states), float, int(ideal_length.sum()))
+    num_rel = np.fromiter((s.num_rel for s in states), dtype=np.int64, count=q)
+    num_nonrel = np.fromiter((s.num_nonrel for s in states), dtype=np.int64, count=q)
+    level = np.fromiter((s.relevance_level for s in states), dtype=float, count=q)
+    rel = judged & (grades >= level[:, None])
     return Batch(grades, judged, rel, length, ideal, num_rel, num_nonrel)

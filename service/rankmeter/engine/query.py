@@ -1,4 +1,4 @@
-"""One query's shown list and its known grades, kept as the arrays the measures read.
+"""One query's shown list and its known grades, kept as the rows the measures read.
 
 Grades arrive one at a time in the live service (a click, then a purchase, then a
 judgment). `QueryState.set_grade` patches the state in place: one cell of the row,
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
-
-import numpy as np
 
 
 def first_occurrences(ranking: Iterable[str]) -> list[str]:
@@ -34,12 +32,12 @@ class QueryState:
     def __init__(self, ranking: Sequence[str], relevance_level: float = 1,
                  shown_grade: float | None = None) -> None:
         self.ranking: list[str] = first_occurrences(ranking)
-        self.rank_of: dict[str, int] = {doc: i for i, doc in enumerate(self.ranking)}
+        self.rank_of: dict[str, int] = dict(zip(self.ranking, range(len(self.ranking))))
         self.relevance_level = relevance_level
         self.grades: dict[str, float] = {}
-        n = len(self.ranking)
-        self.row_grades = np.zeros(n)
-        self.row_judged = np.zeros(n, dtype=bool)
+        # Plain lists: patched in O(1) per grade, turned into arrays once per batch by stack().
+        self.row_grades: list[float] = [0.0] * len(self.ranking)
+        self.row_judged: list[bool] = [False] * len(self.ranking)
         # Positive grades only: they alone contribute to the ideal DCG.
         self.ideal_ascending: list[float] = []
         self.num_rel = 0
@@ -51,20 +49,22 @@ class QueryState:
     @classmethod
     def from_grades(cls, ranking: Sequence[str], grades: Mapping[str, float],
                     relevance_level: float = 1, shown_grade: float | None = None) -> QueryState:
-        """Build the state in one go (the reference the incremental path must equal)."""
-        state = cls(ranking, relevance_level)
+        """Build the state in one go: the reference the incremental path must equal, and
+        the fast path of `rankmeter eval` (one sort, no per-grade updates)."""
+        state = cls.__new__(cls)
+        state.ranking = first_occurrences(ranking)
+        state.rank_of = dict(zip(state.ranking, range(len(state.ranking))))
+        state.relevance_level = relevance_level
         all_grades = dict.fromkeys(state.ranking, shown_grade) if shown_grade is not None else {}
         all_grades.update(grades)
         state.grades = {doc: float(g) for doc, g in all_grades.items()}
-        for doc, g in state.grades.items():
-            i = state.rank_of.get(doc)
-            if i is not None:
-                state.row_grades[i] = g
-                state.row_judged[i] = True
-        level = relevance_level
-        state.num_rel = sum(1 for g in state.grades.values() if g >= level)
-        state.num_nonrel = len(state.grades) - state.num_rel
-        state.ideal_ascending = sorted(g for g in state.grades.values() if g > 0)
+        row = [state.grades.get(doc) for doc in state.ranking]
+        state.row_judged = [g is not None for g in row]
+        state.row_grades = [0.0 if g is None else g for g in row]
+        values = sorted(state.grades.values())
+        state.num_rel = len(values) - bisect.bisect_left(values, relevance_level)
+        state.num_nonrel = len(values) - state.num_rel
+        state.ideal_ascending = values[bisect.bisect_right(values, 0.0):]
         return state
 
     def set_grade(self, doc: str, grade: float) -> bool:

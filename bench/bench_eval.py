@@ -1,0 +1,90 @@
+"""`rankmeter eval` against pytrec_eval, both from the same files, in one run.
+
+    .venv/bin/python bench/bench_eval.py [--queries 10000] [--docs 100] [--repeat 3]
+
+Both sides go from TREC files to per-query values and their means for nDCG@10, P@10 and
+AP: rankmeter with `rankmeter.offline.evaluate_files`, pytrec_eval with its own
+`parse_qrel`/`parse_run` and `RelevanceEvaluator`. The two alternate, each timed
+`--repeat` times; the ratio of the medians is the figure to report, since the machine
+is shared and absolute times drift. The values are checked equal before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+import pytrec_eval
+
+from rankmeter.engine import parse_all
+from rankmeter.offline import evaluate_files
+
+MEASURES = {"nDCG@10": "ndcg_cut_10", "P@10": "P_10", "AP": "map"}
+
+
+def write_files(directory: str, queries: int, docs: int, seed: int = 42) -> tuple[str, str]:
+    rnd = random.Random(seed)
+    qrels_path, run_path = os.path.join(directory, "qrels"), os.path.join(directory, "run")
+    with open(qrels_path, "w") as qrels, open(run_path, "w") as run:
+        for q in range(queries):
+            shown = rnd.sample(range(docs * 3), docs)
+            for d in rnd.sample(range(docs * 3), docs // 2):  # half as many judged, partly overlapping
+                qrels.write(f"q{q} 0 d{d} {rnd.choice((0, 0, 1, 2, 3))}\n")
+            for rank, d in enumerate(shown, start=1):
+                run.write(f"q{q} Q0 d{d} {rank} {rnd.randrange(1000) / 10} bench\n")
+    return qrels_path, run_path
+
+
+def rankmeter_eval(qrels: str, run: str) -> dict[str, float]:
+    report = evaluate_files(qrels, run, parse_all(MEASURES))
+    return {str(m): v for m, v in report.overall.items()}
+
+
+def pytrec_eval_eval(qrels: str, run: str) -> dict[str, float]:
+    with open(qrels) as f:
+        judgments = pytrec_eval.parse_qrel(f)
+    with open(run) as f:
+        results = pytrec_eval.parse_run(f)
+    per_query = pytrec_eval.RelevanceEvaluator(judgments, {"ndcg_cut.10", "P.10", "map"}).evaluate(results)
+    return {ours: statistics.fmean(v[theirs] for v in per_query.values()) for ours, theirs in MEASURES.items()}
+
+
+def timed(fn, *args) -> tuple[float, dict[str, float]]:
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--queries", type=int, default=10_000)
+    ap.add_argument("--docs", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"writing {args.queries} queries x {args.docs} documents ...", file=sys.stderr)
+        qrels, run = write_files(tmp, args.queries, args.docs)
+        ours, theirs = rankmeter_eval(qrels, run), pytrec_eval_eval(qrels, run)
+        for name in MEASURES:
+            assert abs(ours[name] - theirs[name]) < 1e-9, (name, ours[name], theirs[name])
+        times: dict[str, list[float]] = {"rankmeter": [], "pytrec_eval": []}
+        for i in range(args.repeat):
+            times["rankmeter"].append(timed(rankmeter_eval, qrels, run)[0])
+            times["pytrec_eval"].append(timed(pytrec_eval_eval, qrels, run)[0])
+            print(f"round {i + 1}/{args.repeat}: rankmeter {times['rankmeter'][-1]:.2f} s, "
+                  f"pytrec_eval {times['pytrec_eval'][-1]:.2f} s", file=sys.stderr)
+    ours_s, theirs_s = statistics.median(times["rankmeter"]), statistics.median(times["pytrec_eval"])
+    print(f"queries={args.queries} docs_per_query={args.docs} measures={','.join(MEASURES)}")
+    print(f"rankmeter_eval_seconds={ours_s:.3f}")
+    print(f"pytrec_eval_seconds={theirs_s:.3f}")
+    print(f"speedup_vs_pytrec_eval={theirs_s / ours_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
