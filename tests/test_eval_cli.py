@@ -83,11 +83,6 @@ def test_eval_micro_average(tmp_path):
 GOOD_QRELS = "q1 0 d1 1\nq1 0 d2 0\n"
 GOOD_RUN = "q1 Q0 d1 1 2.0 t\nq1 Q0 d2 2 1.0 t\n"
 BAD_INPUTS = [
-
-@pytest.mark.parametrize("qrels, run, args, message", BAD_INPUTS, ids=[
-    "short-qrels-line", "non-numeric-grade", "nan-grade", "judged-twice", "short-run-line",
-    "non-numeric-score", "retrieved-twice", "no-common-query", "unknown-measure", "zero-cut-off",
-    "not-utf8"])
     ("q1 0 d1 1\nq1 0 d2\n", GOOD_RUN, [], "qrels:2: expected 4 fields (qid iter docid grade), got 3"),
     ("q1 0 d1 1\n\nq1 0 d2 high\n", GOOD_RUN, [], "qrels:3: grade 'high' is not a number"),
     ("q1 0 d1 nan\n", GOOD_RUN, [], "qrels:1: grade 'nan' is not a finite number"),
@@ -101,6 +96,11 @@ BAD_INPUTS = [
     (b"q1 0 d1 1\nq1 0 \xff 1\n", GOOD_RUN, [], "qrels:2: not UTF-8 text (byte 6 of the line)"),
 ]
 
+
+@pytest.mark.parametrize("qrels, run, args, message", BAD_INPUTS, ids=[
+    "short-qrels-line", "non-numeric-grade", "nan-grade", "judged-twice", "short-run-line",
+    "non-numeric-score", "retrieved-twice", "no-common-query", "unknown-measure", "zero-cut-off",
+    "not-utf8"])
 def test_bad_input_is_one_line_exit_2(tmp_path, qrels, run, args, message):
     for name, content in (("qrels", qrels), ("run", run)):
         path = tmp_path / name
