@@ -1,4 +1,4 @@
-"""The `rankmeter` command: `eval` today; `serve`, `demo` and `simulate` join it later."""
+"""The `rankmeter` command: `eval` and `serve`; `demo` and `simulate` join them later."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ DEFAULT_MEASURES = ["nDCG@10", "P@10", "AP", "RR", "R@10"]
 
 
 class UsageError(Exception):
-    """A mistake on the command line, reported in one line with exit status 2."""
+    """A mistake on the command line or in the settings: one line, exit status 2."""
+
+
+class ServiceError(Exception):
+    """A service that cannot be reached at start: one line, exit status 1."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--digits", type=int, default=4, metavar="N",
                     help="decimal places in tsv output (default 4, as trec_eval)")
     ev.set_defaults(run_command=_eval)
+
+    sv = commands.add_parser(
+        "serve", help="run the live service: Kafka in, Redis state, Prometheus out",
+        description="Consume impressions and feedback from Kafka, join them per query in "
+                    "Redis, keep rolling aggregates and export them on /metrics. Settings "
+                    "come from --config (or RANKMETER_CONFIG) and RANKMETER_* variables.")
+    sv.add_argument("--config", metavar="FILE", help="YAML settings file")
+    sv.add_argument("--create-topics", type=int, metavar="PARTITIONS",
+                    help="create the impressions, feedback and dead-letter topics with this "
+                         "many partitions when they are missing")
+    sv.set_defaults(run_command=_serve)
     return parser
 
 
@@ -63,6 +78,37 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import redis
+    from kafka.errors import KafkaError
+
+    from rankmeter import config, logs
+    from rankmeter.kafka_source import KafkaSource, TopicMismatch
+    from rankmeter.redis_store import RedisStore
+    from rankmeter.serve import create_topics, run
+
+    try:
+        settings = config.load(args.config)
+    except config.ConfigError as e:
+        raise UsageError(str(e)) from None
+    logs.configure(settings.log_level)
+    try:
+        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+        store.ping()
+        if args.create_topics:
+            create_topics(settings, args.create_topics)
+        source = KafkaSource(settings.kafka)
+        source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
+    except redis.RedisError as e:
+        raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
+    except KafkaError as e:
+        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+    except TopicMismatch as e:
+        raise ServiceError(str(e)) from None
+    run(settings, source, store)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -70,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InputError, UsageError) as e:
         print(f"rankmeter {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ServiceError as e:
+        print(f"rankmeter {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `rankmeter eval ... | head`
         return 0
     except KeyboardInterrupt:

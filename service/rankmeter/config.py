@@ -1,0 +1,212 @@
+"""Settings: a YAML file (`--config` or RANKMETER_CONFIG), every value overridable by a
+`RANKMETER_<SECTION>_<KEY>` environment variable (RANKMETER_KAFKA_BOOTSTRAP_SERVERS,
+RANKMETER_REDIS_URL, RANKMETER_METRICS_PORT, …). Invalid settings fail at start with
+one line naming the setting (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import yaml
+
+from rankmeter.engine import parse_all
+
+
+class ConfigError(Exception):
+    """An invalid setting, phrased for one line."""
+
+
+class Kafka(msgspec.Struct, forbid_unknown_fields=True):
+    bootstrap_servers: str = "localhost:9092"
+    group_id: str = "rankmeter"
+    impressions_topic: str = "rankmeter.impressions"
+    feedback_topic: str = "rankmeter.feedback"
+    dead_letter_topic: str = "rankmeter.dlq"
+    # Passed to kafka-python as they are: security_protocol, sasl_mechanism,
+    # sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, …
+    client: dict[str, Any] = {}
+    max_poll_records: int = 5000
+    poll_timeout_ms: int = 200
+
+
+class Redis(msgspec.Struct, forbid_unknown_fields=True):
+    url: str = "redis://localhost:6379/0"  # rediss:// and redis://:password@host work
+    key_prefix: str = "rankmeter"
+
+
+class Metrics(msgspec.Struct, forbid_unknown_fields=True):
+    port: int = 9108
+    bind_address: str = "0.0.0.0"
+
+
+class Evaluation(msgspec.Struct, forbid_unknown_fields=True):
+    measures: list[str] = msgspec.field(default_factory=lambda: ["nDCG@10", "P@10", "AP", "RR", "R@10"])
+    relevance_level: float = 1.0
+    # `skip` averages quality measures over queries with a relevant document known;
+    # `zero` counts every query, unjudged ones as 0 (brief §5).
+    empty_query_policy: str = "skip"
+    grades: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"click": 1.0, "add_to_cart": 2.0, "purchase": 3.0})
+    long_dwell_ms: int = 30_000    # a click with at least this dwell ...
+    long_dwell_grade: float = 2.0  # ... has this grade
+    reject_unknown_actions: bool = False  # else counted `ignored`
+
+
+class Windows(msgspec.Struct, forbid_unknown_fields=True):
+    sizes: list[str] = msgspec.field(default_factory=lambda: ["5m", "1h", "24h"])
+    attribution: str = "30m"   # feedback is accepted this long after the impression ...
+    grace: str = "5m"          # ... plus this
+    max_past: str = "7d"       # older event timestamps are invalid
+    max_future: str = "1h"     # so are timestamps further ahead than this
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True):
+    max_results: int = 1000
+    max_rankers: int = 20     # further rankers are folded into `other`
+    max_segments: int = 20    # so are further segment values
+    ubi_ranker_attribute: str = "ranker"
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True):
+    kafka: Kafka = msgspec.field(default_factory=Kafka)
+    redis: Redis = msgspec.field(default_factory=Redis)
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
+    evaluation: Evaluation = msgspec.field(default_factory=Evaluation)
+    windows: Windows = msgspec.field(default_factory=Windows)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    log_level: str = "INFO"
+
+
+SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "kafka": Kafka, "redis": Redis, "metrics": Metrics, "evaluation": Evaluation,
+    "windows": Windows, "limits": Limits}
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """`500ms`, `30s`, `5m`, `1h`, `7d` -> milliseconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 7d")
+    return int(m[1]) * _UNIT_MS[m[2]]
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """RANKMETER_<SECTION>_<KEY>=value -> {section: {key: value}} (RANKMETER_CONFIG excluded)."""
+    out: dict[str, Any] = {}
+    section_names = sorted(SECTIONS, key=len, reverse=True)
+    for var, value in environ.items():
+        if not var.startswith("RANKMETER_") or var in ("RANKMETER_CONFIG",):
+            continue
+        rest = var[len("RANKMETER_"):].lower()
+        if rest == "log_level":
+            out["log_level"] = value
+            continue
+        for section in section_names:
+            if rest.startswith(section + "_"):
+                out.setdefault(section, {})[rest[len(section) + 1:]] = value
+                break
+    return out
+
+
+def _coerce_env(section: type[msgspec.Struct], key: str, value: str) -> Any:
+    """Environment values are strings: split lists and maps; msgspec converts the rest."""
+    hint = section.__annotations__.get(key, "")
+    if hint.startswith("list["):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if hint.startswith("dict["):
+        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ConfigError(f"invalid configuration: {key}: expected key=value,key=value")
+        return {k.strip(): v.strip() for k, v in pairs}
+    if hint == "bool":
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return value
+
+
+def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """The file (if any) under the environment's overrides, validated."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get("RANKMETER_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read configuration {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"configuration {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"configuration {path}: expected a mapping of sections")
+    for section, values in _env_overrides(environ).items():
+        if section == "log_level":
+            data["log_level"] = values
+            continue
+        struct = SECTIONS[section]
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"invalid configuration: {section}: expected a mapping")
+        for key, value in values.items():
+            if key not in struct.__struct_fields__:
+                raise ConfigError(f"invalid configuration: unknown setting RANKMETER_{section.upper()}_{key.upper()}")
+            target[key] = _coerce_env(struct, key, value)
+    try:
+        settings = msgspec.convert(data, Settings, strict=False)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid configuration: {_setting_name(str(e))}") from None
+    _check(settings)
+    return settings
+
+
+def _setting_name(message: str) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.metrics.port`": lead with the setting.
+    m = re.search(r" - at `\$\.?(.*)`$", message)
+    if m:
+        return f"{m[1]}: {message[:m.start()]}"
+    return message
+
+
+def _check(s: Settings) -> None:
+    def fail(setting: str, problem: str) -> None:
+        raise ConfigError(f"invalid configuration: {setting}: {problem}")
+
+    for name in ("attribution", "grace", "max_past", "max_future"):
+        try:
+            duration_ms(getattr(s.windows, name))
+        except ValueError as e:
+            fail(f"windows.{name}", str(e))
+    if not s.windows.sizes:
+        fail("windows.sizes", "at least one window is needed")
+    for size in s.windows.sizes:
+        try:
+            if duration_ms(size) < 60_000:
+                fail("windows.sizes", f"{size!r} is shorter than the one-minute bucket")
+        except ValueError as e:
+            fail("windows.sizes", str(e))
+    try:
+        parse_all(s.evaluation.measures)
+    except ValueError as e:
+        fail("evaluation.measures", str(e))
+    if s.evaluation.empty_query_policy not in ("skip", "zero"):
+        fail("evaluation.empty_query_policy", "must be skip or zero")
+    if any(g < 0 for g in s.evaluation.grades.values()):
+        fail("evaluation.grades", "grades must be >= 0")
+    if "judgment" in s.evaluation.grades:
+        fail("evaluation.grades", "`judgment` takes its grade from the event, not the map")
+    if not 0 < s.metrics.port < 65536:
+        fail("metrics.port", f"{s.metrics.port} is not a TCP port")
+    if not s.redis.url.startswith(("redis://", "rediss://", "unix://")):
+        fail("redis.url", "must start with redis://, rediss:// or unix://")
+    for name in ("max_results", "max_rankers", "max_segments"):
+        if getattr(s.limits, name) < 1:
+            fail(f"limits.{name}", "must be at least 1")
+    if s.kafka.max_poll_records < 1:
+        fail("kafka.max_poll_records", "must be at least 1")

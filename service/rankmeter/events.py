@@ -1,0 +1,274 @@
+"""The event model: impressions and feedback, native or OpenSearch UBI, decoded and checked.
+
+`Decoder.impression(value)` and `Decoder.feedback(value)` turn one Kafka message value
+into an `Impression`, a `Feedback`, or a `Rejected` (with the outcome, `invalid` or
+`ignored`, and a reason a person can act on). Brief §2 and §3 are the contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import msgspec
+
+from rankmeter.config import Settings, duration_ms
+
+
+# ---- what the pipeline works with ------------------------------------------------
+
+class Impression(msgspec.Struct, array_like=True, frozen=True):
+    query_id: str
+    ranker: str
+    timestamp_ms: int
+    results: list[str]
+    segment: str = ""
+
+
+class Feedback(msgspec.Struct, array_like=True, frozen=True):
+    event_id: str
+    query_id: str
+    timestamp_ms: int
+    action: str
+    doc_id: str
+    grade: float          # the grade this event gives the document (brief §3)
+    explicit: bool        # a `judgment`: replaces earlier grades instead of maxing with them
+    position: int | None = None
+
+
+class Rejected(NamedTuple):
+    outcome: str  # "invalid" (dead-lettered) or "ignored" (counted, not applied)
+    reason: str
+
+
+# ---- what arrives on the wire ----------------------------------------------------
+
+class _NativeImpression(msgspec.Struct):
+    query_id: str
+    ranker: str
+    timestamp: str | int
+    results: list[str]
+    segment: str | None = None
+    user_query: str | None = None
+    session_id: str | None = None
+    client_id: str | None = None
+
+
+class _UbiQuery(msgspec.Struct):
+    query_id: str
+    timestamp: str | int
+    query_response_hit_ids: list[str] | None = None
+    query_response_object_ids: list[str] | None = None   # older spellings
+    query_response_objects_ids: list[str] | None = None
+    application: str | None = None
+    query_attributes: dict[str, Any] | None = None
+    user_query: str | None = None
+    client_id: str | None = None
+
+
+class _NativeFeedback(msgspec.Struct):
+    query_id: str
+    timestamp: str | int
+    action: str
+    doc_id: str
+    event_id: str | None = None
+    position: int | None = None
+    dwell_ms: int | None = None
+    grade: float | None = None
+
+
+class _UbiObject(msgspec.Struct):
+    object_id: str | None = None
+
+
+class _UbiPosition(msgspec.Struct):
+    ordinal: int | None = None
+
+
+class _UbiEventAttributes(msgspec.Struct):
+    object: _UbiObject | None = None
+    position: _UbiPosition | None = None
+
+
+class _UbiEvent(msgspec.Struct):
+    action_name: str
+    query_id: str
+    timestamp: str | int
+    event_attributes: _UbiEventAttributes | None = None
+    session_id: str | None = None
+    client_id: str | None = None
+    message_id: str | None = None
+
+
+_UBI_HIT_KEYS = ("query_response_hit_ids", "query_response_object_ids", "query_response_objects_ids")
+
+
+class Decoder:
+    """Decodes and checks messages with one configuration; `now_ms` bounds timestamps."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_results = settings.limits.max_results
+        self.ranker_attribute = settings.limits.ubi_ranker_attribute
+        self.grades = dict(settings.evaluation.grades)
+        self.long_dwell_ms = settings.evaluation.long_dwell_ms
+        self.long_dwell_grade = settings.evaluation.long_dwell_grade
+        self.reject_unknown = settings.evaluation.reject_unknown_actions
+        self.max_past_ms = duration_ms(settings.windows.max_past)
+        self.max_future_ms = duration_ms(settings.windows.max_future)
+        self._native_impression = msgspec.json.Decoder(_NativeImpression)
+        self._native_feedback = msgspec.json.Decoder(_NativeFeedback)
+        self._any = msgspec.json.Decoder()
+
+    # -- impressions --
+
+    def impression(self, value: bytes | None, now_ms: int) -> Impression | Rejected:
+        if value is None:
+            return Rejected("invalid", "empty message (no value)")
+        try:
+            native = self._native_impression.decode(value)
+        except msgspec.DecodeError as e:
+            return Rejected("invalid", f"not UTF-8 JSON: {e}")
+        except msgspec.ValidationError as e:
+            raw = self._decode_any(value)
+            if isinstance(raw, dict) and any(k in raw for k in _UBI_HIT_KEYS) and "results" not in raw:
+                return self._ubi_query(raw, now_ms)
+            return Rejected("invalid", _why(e, "impression"))
+        return self._impression(native.query_id, native.ranker, native.timestamp,
+                                native.results, native.segment or "", now_ms)
+
+    def _ubi_query(self, raw: dict, now_ms: int) -> Impression | Rejected:
+        try:
+            ubi = msgspec.convert(raw, _UbiQuery)
+        except msgspec.ValidationError as e:
+            return Rejected("invalid", _why(e, "UBI query"))
+        hits = next(h for h in (ubi.query_response_hit_ids, ubi.query_response_object_ids,
+                                ubi.query_response_objects_ids) if h is not None)
+        attributes = ubi.query_attributes or {}
+        ranker = attributes.get(self.ranker_attribute, ubi.application)
+        if not isinstance(ranker, str) or not ranker:
+            return Rejected("invalid", f"UBI query has no ranker: neither query_attributes."
+                                       f"{self.ranker_attribute} nor application is a non-empty string")
+        segment = attributes.get("segment")
+        return self._impression(ubi.query_id, ranker, ubi.timestamp, hits,
+                                segment if isinstance(segment, str) else "", now_ms)
+
+    def _impression(self, query_id: str, ranker: str, timestamp: str | int, results: list[str],
+                    segment: str, now_ms: int) -> Impression | Rejected:
+        problem = _check_query_id(query_id)
+        if problem:
+            return Rejected("invalid", problem)
+        if not ranker:
+            return Rejected("invalid", "ranker is empty")
+        if len(results) > self.max_results:
+            return Rejected("invalid", f"{len(results)} results, more than the limit of {self.max_results}")
+        ts = self._timestamp(timestamp, now_ms)
+        if isinstance(ts, Rejected):
+            return ts
+        return Impression(query_id, ranker, ts, results, segment)
+
+    # -- feedback --
+
+    def feedback(self, value: bytes | None, now_ms: int) -> Feedback | Rejected:
+        if value is None:
+            return Rejected("invalid", "empty message (no value)")
+        try:
+            native = self._native_feedback.decode(value)
+        except msgspec.DecodeError as e:
+            return Rejected("invalid", f"not UTF-8 JSON: {e}")
+        except msgspec.ValidationError as e:
+            raw = self._decode_any(value)
+            if isinstance(raw, dict) and "action_name" in raw and "action" not in raw:
+                return self._ubi_event(raw, value, now_ms)
+            return Rejected("invalid", _why(e, "feedback event"))
+        return self._feedback(native.event_id, native.query_id, native.timestamp, native.action,
+                              native.doc_id, native.position, native.dwell_ms, native.grade,
+                              value, now_ms)
+
+    def _ubi_event(self, raw: dict, value: bytes, now_ms: int) -> Feedback | Rejected:
+        try:
+            ubi = msgspec.convert(raw, _UbiEvent)
+        except msgspec.ValidationError as e:
+            return Rejected("invalid", _why(e, "UBI event"))
+        attributes = ubi.event_attributes or _UbiEventAttributes()
+        doc_id = attributes.object.object_id if attributes.object else None
+        position = attributes.position.ordinal if attributes.position else None
+        if doc_id is None and self._known(ubi.action_name):
+            return Rejected("invalid", "UBI event has no event_attributes.object.object_id")
+        return self._feedback(ubi.message_id, ubi.query_id, ubi.timestamp, ubi.action_name,
+                              doc_id or "", position, None, None, value, now_ms)
+
+    def _known(self, action: str) -> bool:
+        return action == "judgment" or action in self.grades
+
+    def _feedback(self, event_id: str | None, query_id: str, timestamp: str | int, action: str,
+                  doc_id: str, position: int | None, dwell_ms: int | None, grade: float | None,
+                  value: bytes, now_ms: int) -> Feedback | Rejected:
+        if not self._known(action):
+            if self.reject_unknown:
+                return Rejected("invalid", f"unknown action {action!r}")
+            return Rejected("ignored", f"action {action!r} is not in the grade map")
+        problem = _check_query_id(query_id)
+        if problem:
+            return Rejected("invalid", problem)
+        if not doc_id:
+            return Rejected("invalid", "doc_id is empty")
+        if position is not None and position < 1:
+            return Rejected("invalid", f"position {position} is below 1")
+        if dwell_ms is not None and dwell_ms < 0:
+            return Rejected("invalid", f"dwell_ms {dwell_ms} is negative")
+        if action == "judgment":
+            if grade is None:
+                return Rejected("invalid", "a judgment needs a grade")
+            if not grade >= 0 or grade == float("inf"):
+                return Rejected("invalid", f"grade {grade} is not a number >= 0")
+            event_grade, explicit = float(grade), True
+        else:
+            event_grade, explicit = self.grades[action], False
+            if action == "click" and dwell_ms is not None and dwell_ms >= self.long_dwell_ms:
+                event_grade = max(event_grade, self.long_dwell_grade)
+        ts = self._timestamp(timestamp, now_ms)
+        if isinstance(ts, Rejected):
+            return ts
+        if not event_id:  # idempotency key: the content itself
+            event_id = hashlib.blake2b(value, digest_size=12).hexdigest()
+        return Feedback(event_id, query_id, ts, action, doc_id, event_grade, explicit, position)
+
+    # -- shared --
+
+    def _decode_any(self, value: bytes) -> Any:
+        # Validation can stop before the end of the document: the rest may not be JSON.
+        try:
+            return self._any.decode(value)
+        except msgspec.DecodeError:
+            return None
+
+    def _timestamp(self, timestamp: str | int, now_ms: int) -> int | Rejected:
+        if isinstance(timestamp, str):
+            try:
+                parsed = datetime.fromisoformat(timestamp)
+            except ValueError:
+                return Rejected("invalid", f"timestamp {timestamp!r} is not RFC 3339 or epoch milliseconds")
+            if parsed.tzinfo is None:
+                return Rejected("invalid", f"timestamp {timestamp!r} has no time zone")
+            ms = int(parsed.timestamp() * 1000)
+        else:
+            ms = timestamp
+        if ms < now_ms - self.max_past_ms:
+            return Rejected("invalid", f"timestamp {timestamp!r} is too far in the past")
+        if ms > now_ms + self.max_future_ms:
+            return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
+        return ms
+
+
+def _check_query_id(query_id: str) -> str | None:
+    if not 1 <= len(query_id) <= 256:
+        return f"query_id must have 1 to 256 characters, not {len(query_id)}"
+    return None
+
+
+def _why(error: msgspec.ValidationError, what: str) -> str:
+    message = str(error)
+    if message.startswith("Object missing required field"):
+        return f"{what}: {message[0].lower()}{message[1:]}"
+    return f"{what}: {message}"

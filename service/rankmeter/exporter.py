@@ -1,0 +1,152 @@
+"""Prometheus exposition: a custom collector that reads the pipeline's aggregates at
+scrape time (nothing is recomputed per event), and a small HTTP server for /metrics,
+/healthz and /readyz.
+
+Metric names and labels are the contract of brief §6; `promtool check metrics` is
+clean on the output (tests/integration/test_serve.py checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from rankmeter.pipeline import Pipeline
+
+log = logging.getLogger("rankmeter.exporter")
+
+
+class Health:
+    """What /healthz and /readyz answer: alive while the loop beats, ready once assigned."""
+
+    def __init__(self, stale_after_s: float = 60.0) -> None:
+        self.last_beat = time.monotonic()
+        self.ready = False
+        self.stale_after_s = stale_after_s
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self.last_beat < self.stale_after_s
+
+
+class PipelineCollector:
+    def __init__(self, pipeline: Pipeline, lag: Callable[[], dict[tuple[str, int], int]]) -> None:
+        self.pipeline = pipeline
+        self.lag = lag
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["metric", "ranker", "segment", "window", "average"]
+        quality = GaugeMetricFamily(
+            "rankmeter_quality", "Ranking quality per ranker and window: macro = mean of "
+            "per-query values, micro = summed numerators over summed denominators.", labels=labels)
+        numerator = GaugeMetricFamily(
+            "rankmeter_quality_numerator", "Numerator of rankmeter_quality (macro: sum of "
+            "per-query values; micro: sum of per-query numerators).", labels=labels)
+        denominator = GaugeMetricFamily(
+            "rankmeter_quality_denominator", "Denominator of rankmeter_quality (macro: queries "
+            "averaged; micro: sum of per-query denominators).", labels=labels)
+        queries = GaugeMetricFamily(
+            "rankmeter_queries", "Queries in the window: all, and judged (a relevant document known).",
+            labels=["ranker", "segment", "window", "population"])
+        for view in self.pipeline.views():
+            base = [view.ranker, view.segment, view.window]
+            queries.add_metric(base + ["all"], view.queries_all)
+            queries.add_metric(base + ["judged"], view.queries_judged)
+            for metric, (macro_sum, macro_n, micro_num, micro_den) in view.sums.items():
+                for average, num, den in (("macro", macro_sum, macro_n), ("micro", micro_num, micro_den)):
+                    key = [metric, view.ranker, view.segment, view.window, average]
+                    numerator.add_metric(key, num)
+                    denominator.add_metric(key, den)
+                    if den:  # no value rather than NaN when nothing is averaged yet
+                        quality.add_metric(key, num / den)
+        yield from (quality, numerator, denominator, queries)
+
+        events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
+                                     labels=["stream", "outcome"])
+        for (stream, outcome), n in sorted(dict(self.pipeline.events).items()):  # dict(): one C-level copy
+            events.add_metric([stream, outcome], n)
+        yield events
+        folded = CounterMetricFamily("rankmeter_labels_folded",
+                                     "Ranker or segment values folded into `other` by the cap.",
+                                     labels=["label"])
+        for kind in ("ranker", "segment"):
+            folded.add_metric([kind], self.pipeline.folded[kind])
+        yield folded
+        lag = GaugeMetricFamily("rankmeter_consumer_lag", "Records behind the end of each "
+                                "assigned partition.", labels=["topic", "partition"])
+        for (topic, partition), n in sorted(self.lag().items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+        yield GaugeMetricFamily("rankmeter_open_queries", "Queries still open for feedback "
+                                "(held in the state store).", value=self.pipeline.open_queries())
+        yield GaugeMetricFamily("rankmeter_assigned_partitions", "Partitions this process holds.",
+                                value=len(self.pipeline.partitions))
+
+
+class Exporter:
+    def __init__(self, pipeline: Pipeline, health: Health,
+                 lag: Callable[[], dict[tuple[str, int], int]]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(PipelineCollector(pipeline, lag))
+        self.batch_duration = Histogram(
+            "rankmeter_batch_duration_seconds", "Time to process one poll batch, end to end.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, math.inf),
+            registry=self.registry)
+        self.batch_records = Histogram(
+            "rankmeter_batch_records", "Records in one poll batch.",
+            buckets=(1, 10, 100, 500, 1000, 2500, 5000, 10000, math.inf), registry=self.registry)
+        self.health = health
+        self._server: ThreadingHTTPServer | None = None
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def start(self, address: str, port: int) -> int:
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, exporter.render(), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = exporter.health.alive
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
+                elif path == "/readyz":
+                    ok = exporter.health.ready and exporter.health.alive
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+            def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # scrapes every few seconds would drown the structured log
+
+        self._server = ThreadingHTTPServer((address, port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True).start()
+        bound = self._server.server_address[1]
+        log.info("serving /metrics", extra={"address": address, "port": bound})
+        return bound
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

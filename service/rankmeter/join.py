@@ -1,0 +1,118 @@
+"""The per-query join: one record holds a query's impression and everything its feedback
+said, and turns them into grades (brief §2 edge cases, §3 grade mapping).
+
+Pure functions on `QueryRecord`; the pipeline loads and stores the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from rankmeter.engine.query import first_occurrences
+from rankmeter.events import Feedback, Impression
+
+
+class Judgment(msgspec.Struct, array_like=True):
+    timestamp_ms: int
+    grade: float
+
+
+class QueryRecord(msgspec.Struct, array_like=True):
+    impression: Impression | None = None
+    ranker_label: str = ""           # the exported label, fixed when the impression is applied
+    segment_label: str = ""
+    implicit: dict[str, float] = {}  # shown document -> highest implicit grade
+    explicit: dict[str, Judgment] = {}  # document -> latest judgment (shown or not)
+    clicked: list[str] = []          # shown documents clicked, in click order
+    clicks: int = 0
+    event_ids: list[str] = []        # feedback already counted (idempotency)
+    pending: list[Feedback] = []     # feedback that came before its impression
+    contribution: list[float] = []   # what the query adds to its window bucket now
+
+    def grade(self, doc: str) -> float:
+        """An explicit judgment if any (the latest wins), else the highest implicit grade;
+        a shown document without any signal has grade 0."""
+        judged = self.explicit.get(doc)
+        return judged.grade if judged is not None else self.implicit.get(doc, 0.0)
+
+    def grades(self) -> dict[str, float]:
+        docs = {**dict.fromkeys(self.implicit), **dict.fromkeys(self.explicit)}
+        return {doc: self.grade(doc) for doc in docs}
+
+
+def apply_impression(record: QueryRecord, impression: Impression, attribution_ms: int
+                     ) -> tuple[str, list[tuple[str, str]]]:
+    """Returns the impression's outcome and, for feedback that was waiting for it, the
+    (outcome, document) of each. The first impression of a query wins."""
+    if record.impression is not None:
+        return ("duplicate" if record.impression == impression else "conflict"), []
+    record.impression = impression
+    waiting, record.pending = record.pending, []
+    return "applied", [(_apply(record, fb, attribution_ms), fb.doc_id) for fb in waiting]
+
+
+def apply_feedback(record: QueryRecord, feedback: Feedback, attribution_ms: int) -> str:
+    """`applied`, `duplicate`, `pending` (no impression yet), `late` or `unmatched`."""
+    if feedback.event_id in record.event_ids:
+        return "duplicate"
+    record.event_ids.append(feedback.event_id)
+    if record.impression is None:
+        record.pending.append(feedback)
+        return "pending"
+    return _apply(record, feedback, attribution_ms)
+
+
+def _apply(record: QueryRecord, fb: Feedback, attribution_ms: int) -> str:
+    impression = record.impression
+    assert impression is not None
+    if fb.timestamp_ms > impression.timestamp_ms + attribution_ms:
+        return "late"
+    shown = fb.doc_id in impression.results  # the impression's ranks win over `position`
+    if fb.explicit:
+        previous = record.explicit.get(fb.doc_id)
+        if previous is None or fb.timestamp_ms >= previous.timestamp_ms:
+            record.explicit[fb.doc_id] = Judgment(fb.timestamp_ms, fb.grade)
+        return "applied"
+    if not shown:
+        return "unmatched"
+    if fb.action == "click":
+        record.clicks += 1
+        if fb.doc_id not in record.clicked:
+            record.clicked.append(fb.doc_id)
+    if fb.grade > record.implicit.get(fb.doc_id, 0.0):
+        record.implicit[fb.doc_id] = fb.grade
+    return "applied"
+
+
+# ---- online signals, from the record rather than from grades ----------------------
+
+ONLINE_SIGNALS = ("CTR", "Abandonment", "Clicks", "FirstClickRank")
+UNDEFINED = {"FirstClickRank": float("nan")}  # the value when the denominator is 0; else 0
+
+
+def online_ratios(records: Sequence[QueryRecord]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per-query (numerator, denominator) of each online signal:
+    CTR = clicked shown results / shown results (micro: Σ clicked / Σ shown);
+    Abandonment = 1 when no shown result was clicked; Clicks = click events;
+    FirstClickRank = rank of the first clicked result (undefined without a click)."""
+    shown = np.array([len(first_occurrences(r.impression.results)) for r in records], dtype=float)
+    clicked = np.array([len(r.clicked) for r in records], dtype=float)
+    clicks = np.array([r.clicks for r in records], dtype=float)
+    first = np.array([_first_click_rank(r) for r in records], dtype=float)
+    ones = np.ones(len(records))
+    return {
+        "CTR": (clicked, shown),
+        "Abandonment": ((clicked == 0).astype(float), ones),
+        "Clicks": (clicks, ones),
+        "FirstClickRank": (np.nan_to_num(first), np.where(np.isnan(first), 0.0, 1.0)),
+    }
+
+
+def _first_click_rank(record: QueryRecord) -> float:
+    if not record.clicked:
+        return float("nan")
+    ranks = {doc: i for i, doc in enumerate(first_occurrences(record.impression.results), start=1)}
+    return float(min(ranks[doc] for doc in record.clicked))

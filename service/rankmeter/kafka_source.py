@@ -1,0 +1,104 @@
+"""The Kafka adapter (kafka-python): one consumer in a group on both topics, and a
+producer for the dead-letter topic.
+
+Offsets are resumed from the store, not from Kafka: the store keeps them atomically
+with the state they produced. Kafka's committed offsets are still written after each
+batch, so the usual lag tooling works.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.structs import OffsetAndMetadata
+
+from rankmeter.config import Kafka as KafkaSettings
+from rankmeter.source import OnAssign, OnRevoke, Record
+
+log = logging.getLogger("rankmeter.kafka")
+
+
+class TopicMismatch(Exception):
+    """The two topics are missing or not co-partitioned."""
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, source: KafkaSource, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        self.source, self.on_assign, self.on_revoke = source, on_assign, on_revoke
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if revoked:
+            self.on_revoke(sorted({tp.partition for tp in revoked}))
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        # Called with an empty set too: a member without partitions has still joined.
+        resume = self.on_assign(sorted({tp.partition for tp in assigned}))
+        for tp in assigned:
+            offset = resume.get((tp.topic, tp.partition))
+            if offset is not None:
+                self.source.consumer.seek(tp, offset)
+
+
+class KafkaSource:
+    def __init__(self, settings: KafkaSettings, client_id: str = "rankmeter") -> None:
+        common: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(","),
+                                  "client_id": client_id, **settings.client}
+        self.settings = settings
+        self.consumer = KafkaConsumer(
+            group_id=settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            # Range assignment gives a member the same partition numbers of both
+            # co-partitioned topics, so a query's impression and feedback meet here.
+            partition_assignment_strategy=[RangePartitionAssignor],
+            max_poll_records=settings.max_poll_records,
+            **common)
+        self.producer = KafkaProducer(acks="all", linger_ms=20, **common)
+
+    def check_topics(self, topics: Sequence[str]) -> int:
+        """Both topics exist with the same partition count (brief §2); returns it."""
+        counts = {}
+        for topic in topics:
+            partitions = self.consumer.partitions_for_topic(topic)
+            if not partitions:
+                raise TopicMismatch(f"topic {topic!r} does not exist (create it with as many "
+                                    f"partitions as the other one)")
+            counts[topic] = len(partitions)
+        if len(set(counts.values())) != 1:
+            raise TopicMismatch("topics are not co-partitioned: "
+                                + ", ".join(f"{t} has {n}" for t, n in counts.items()))
+        return next(iter(counts.values()))
+
+    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        self.consumer.subscribe(list(topics), listener=_Listener(self, on_assign, on_revoke))
+
+    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or []))
+                for records in batches.values() for r in records]
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        if offsets:
+            self.consumer.commit_async({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                                        for (t, p), o in offsets.items()})
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None:
+        self.producer.send(topic, key=key, value=value, headers=headers)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        lags = {}
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                lags[(tp.topic, tp.partition)] = max(high - self.consumer.position(tp), 0)
+        return lags
+
+    def close(self) -> None:
+        self.producer.flush(timeout=10)
+        self.producer.close(timeout=10)
+        self.consumer.close(autocommit=False)

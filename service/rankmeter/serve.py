@@ -1,0 +1,109 @@
+"""`rankmeter serve`: wires a source, the pipeline, a store and the exporter, and runs the
+poll loop until SIGTERM or SIGINT (then finishes the batch, persists, closes the consumer).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from rankmeter.config import Settings
+from rankmeter.exporter import Exporter, Health
+from rankmeter.pipeline import Pipeline
+from rankmeter.source import Record, Source
+from rankmeter.store import Store
+
+log = logging.getLogger("rankmeter.serve")
+
+LAG_INTERVAL_S = 1.0
+PROGRESS_INTERVAL_S = 10.0
+
+
+def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
+    """Why and where from, beside the message's own headers."""
+    return [*record.headers,
+            ("rankmeter.reason", reason.encode()),
+            ("rankmeter.source.topic", record.topic.encode()),
+            ("rankmeter.source.partition", str(record.partition).encode()),
+            ("rankmeter.source.offset", str(record.offset).encode())]
+
+
+def create_topics(settings: Settings, partitions: int) -> None:
+    """Create the three topics when missing (impressions and feedback co-partitioned)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers.split(","),
+                             client_id="rankmeter-admin", **settings.kafka.client)
+    try:
+        existing = set(admin.list_topics())
+        k = settings.kafka
+        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1)
+                   for t in (k.impressions_topic, k.feedback_topic, k.dead_letter_topic)
+                   if t not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another replica was first
+            log.info("topics created", extra={"topics": [t.name for t in missing], "partitions": partitions})
+    finally:
+        admin.close()
+
+
+def run(settings: Settings, source: Source, store: Store,
+        stop: threading.Event | None = None, on_ready: callable | None = None) -> None:
+    stop = stop or threading.Event()
+    health = Health()
+    k = settings.kafka
+
+    def dead_letter(record: Record, reason: str) -> None:
+        source.produce(k.dead_letter_topic, record.key, record.value, dead_letter_headers(record, reason))
+
+    pipeline = Pipeline(settings, store, dead_letter)
+    lag: dict[tuple[str, int], int] = {}
+    exporter = Exporter(pipeline, health, lambda: dict(lag))
+    port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
+
+    def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
+        resume = pipeline.assign(partitions)
+        health.ready = True
+        return resume
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    source.subscribe([k.impressions_topic, k.feedback_topic], on_assign, pipeline.revoke)
+    log.info("rankmeter serve started", extra={"metrics_port": port, "group": k.group_id,
+                                               "topics": [k.impressions_topic, k.feedback_topic]})
+    if on_ready is not None:
+        on_ready(port)
+    last_lag = last_progress = time.monotonic()
+    consumed = 0
+    try:
+        while not stop.is_set():
+            records = source.poll(k.poll_timeout_ms, k.max_poll_records)
+            health.beat()
+            if records:
+                started = time.perf_counter()
+                offsets = pipeline.process(records)
+                exporter.batch_duration.observe(time.perf_counter() - started)
+                exporter.batch_records.observe(len(records))
+                source.commit(offsets)
+                consumed += len(records)
+            now = time.monotonic()
+            if now - last_lag >= LAG_INTERVAL_S:
+                lag.clear()
+                lag.update(source.lag())
+                last_lag = now
+            if now - last_progress >= PROGRESS_INTERVAL_S:
+                log.info("progress", extra={"records": consumed, "per_second": round(consumed / (now - last_progress)),
+                                            "lag": sum(lag.values()), "open_queries": pipeline.open_queries()})
+                consumed, last_progress = 0, now
+    finally:
+        log.info("stopping: the last batch is persisted; closing the consumer")
+        source.close()
+        store.close()
+        exporter.stop()

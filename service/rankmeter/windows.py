@@ -1,0 +1,97 @@
+"""Rolling micro/macro aggregates over event-time windows, from one-minute buckets.
+
+Each query contributes one vector to the bucket of its impression minute (per ranker
+and segment label). For every measure the vector holds four sums:
+
+    [Σ value, number of queries averaged, Σ numerator, Σ denominator]
+
+(macro = Σ value / count, micro = Σ num / Σ den), then two query counts, `all` and
+`judged`. When feedback changes a query's metrics, the bucket gets the difference
+between its new and old vector (brief §5, §8). A window is the sum of the buckets whose
+minute lies in it, computed when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+SLOTS = 4  # per measure: macro sum, macro count, micro numerator, micro denominator
+MINUTE_MS = 60_000
+
+
+class BucketKey(NamedTuple):
+    ranker: str
+    segment: str
+    minute: int  # impression time // 60 s
+
+    def encode(self) -> str:
+        return f"{self.ranker}\x1f{self.segment}\x1f{self.minute}"
+
+    @classmethod
+    def decode(cls, field: str) -> BucketKey:
+        ranker, segment, minute = field.split("\x1f")
+        return cls(ranker, segment, int(minute))
+
+
+class Layout:
+    """Where each measure's sums sit in a contribution vector."""
+
+    def __init__(self, metric_names: list[str], averaged_over_all: Iterable[str]) -> None:
+        self.names = metric_names
+        over_all = set(averaged_over_all)
+        self.over_all = np.array([n in over_all for n in metric_names])
+        self.size = SLOTS * len(metric_names) + 2
+        self.all_slot, self.judged_slot = self.size - 2, self.size - 1
+
+    def contributions(self, values: np.ndarray, nums: np.ndarray, dens: np.ndarray,
+                      judged: np.ndarray) -> np.ndarray:
+        """[Q, size] vectors from per-query [Q, M] values, numerators and denominators.
+        A query counts in a measure's averages when the value is defined and the query is
+        in the measure's population (judged, or all for online signals)."""
+        q, m = values.shape
+        counted = ~np.isnan(values) & (self.over_all[None, :] | judged[:, None])
+        out = np.zeros((q, self.size))
+        sums = out[:, :SLOTS * m].reshape(q, m, SLOTS)
+        sums[:, :, 0] = np.where(counted, values, 0.0)
+        sums[:, :, 1] = counted
+        sums[:, :, 2] = np.where(counted, nums, 0.0)
+        sums[:, :, 3] = np.where(counted, dens, 0.0)
+        out[:, self.all_slot] = 1.0
+        out[:, self.judged_slot] = judged
+        return out
+
+
+class WindowView(NamedTuple):
+    """One (ranker, segment, window) aggregate, ready to export."""
+    ranker: str
+    segment: str
+    window: str
+    queries_all: float
+    queries_judged: float
+    sums: dict[str, tuple[float, float, float, float]]  # metric -> macro sum, count, micro num, den
+
+
+def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layout,
+                 windows: Mapping[str, int], now_ms: int) -> list[WindowView]:
+    """Sum the buckets of every (ranker, segment) over each window ending now.
+    The window of `size` holds the minutes (now − size, now]."""
+    now_minute = now_ms // MINUTE_MS
+    groups: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = {}
+    for partition_buckets in buckets:
+        for key, vector in partition_buckets.items():
+            groups.setdefault((key.ranker, key.segment), []).append((key.minute, vector))
+    views = []
+    for (ranker, segment), entries in sorted(groups.items()):
+        minutes = np.array([m for m, _ in entries])
+        vectors = np.stack([v for _, v in entries])
+        for window, size_ms in windows.items():
+            inside = minutes > now_minute - size_ms // MINUTE_MS
+            total = vectors[inside].sum(axis=0) if inside.any() else np.zeros(layout.size)
+            sums = {name: tuple(total[SLOTS * i:SLOTS * i + SLOTS].tolist())
+                    for i, name in enumerate(layout.names)}
+            views.append(WindowView(ranker, segment, window, float(total[layout.all_slot]),
+                                    float(total[layout.judged_slot]), sums))
+    return views
