@@ -127,13 +127,13 @@ class Decoder:
             return Rejected("invalid", "empty message (no value)")
         try:
             native = self._native_impression.decode(value)
-        except msgspec.DecodeError as e:
-            return Rejected("invalid", f"not UTF-8 JSON: {e}")
-        except msgspec.ValidationError as e:
+        except msgspec.ValidationError as e:  # (a DecodeError too: this clause comes first)
             raw = self._decode_any(value)
             if isinstance(raw, dict) and any(k in raw for k in _UBI_HIT_KEYS) and "results" not in raw:
                 return self._ubi_query(raw, now_ms)
             return Rejected("invalid", _why(e, "impression"))
+        except msgspec.DecodeError as e:
+            return Rejected("invalid", f"not UTF-8 JSON: {e}")
         return self._impression(native.query_id, native.ranker, native.timestamp,
                                 native.results, native.segment or "", now_ms)
 
@@ -174,13 +174,13 @@ class Decoder:
             return Rejected("invalid", "empty message (no value)")
         try:
             native = self._native_feedback.decode(value)
-        except msgspec.DecodeError as e:
-            return Rejected("invalid", f"not UTF-8 JSON: {e}")
         except msgspec.ValidationError as e:
             raw = self._decode_any(value)
             if isinstance(raw, dict) and "action_name" in raw and "action" not in raw:
                 return self._ubi_event(raw, value, now_ms)
             return Rejected("invalid", _why(e, "feedback event"))
+        except msgspec.DecodeError as e:
+            return Rejected("invalid", f"not UTF-8 JSON: {e}")
         return self._feedback(native.event_id, native.query_id, native.timestamp, native.action,
                               native.doc_id, native.position, native.dwell_ms, native.grade,
                               value, now_ms)

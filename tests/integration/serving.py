@@ -1,0 +1,145 @@
+"""Helpers for tests that run the real `rankmeter serve` against real Kafka and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from kafka import KafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+RANKMETER = shutil.which("rankmeter", path=str(Path(sys.executable).parent))
+
+
+class Topics(NamedTuple):
+    impressions: str
+    feedback: str
+    dead_letter: str
+
+
+def unique_topics() -> Topics:
+    run = uuid.uuid4().hex[:8]
+    return Topics(f"t{run}.impressions", f"t{run}.feedback", f"t{run}.dlq")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str, bytes | dict]]) -> int:
+    """Send (key, value) pairs; dict values are JSON-encoded, bytes sent as they are."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    n = 0
+    for key, value in messages:
+        data = value if isinstance(value, bytes) else json.dumps(value).encode()
+        producer.send(topic, key=key.encode(), value=data)
+        n += 1
+    producer.flush()
+    producer.close()
+    return n
+
+
+class Serve:
+    """`rankmeter serve` as a real process, with its own topics, group and Redis prefix."""
+
+    def __init__(self, bootstrap: str, redis_url: str, topics: Topics, group: str, prefix: str,
+                 extra_env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.env = {**os.environ,
+                    "RANKMETER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                    "RANKMETER_KAFKA_IMPRESSIONS_TOPIC": topics.impressions,
+                    "RANKMETER_KAFKA_FEEDBACK_TOPIC": topics.feedback,
+                    "RANKMETER_KAFKA_DEAD_LETTER_TOPIC": topics.dead_letter,
+                    "RANKMETER_KAFKA_GROUP_ID": group,
+                    "RANKMETER_REDIS_URL": redis_url,
+                    "RANKMETER_REDIS_KEY_PREFIX": prefix,
+                    "RANKMETER_METRICS_PORT": str(self.port),
+                    "RANKMETER_METRICS_BIND_ADDRESS": "127.0.0.1",
+                    **(extra_env or {})}
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self, create_topics: int | None = 4) -> Serve:
+        args = [RANKMETER, "serve"] + (["--create-topics", str(create_topics)] if create_topics else [])
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(args, env=self.env, stdout=log, stderr=log)
+        wait_until(lambda: self._answers("/readyz"), 60, "rankmeter serve to become ready")
+        return self
+
+    def _answers(self, path: str) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"rankmeter serve exited with {self.process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[tuple[str, frozenset], float]:
+        return parse_metrics(self.metrics_text())
+
+    def events(self) -> dict[tuple[str, str], float]:
+        return {(dict(labels)["stream"], dict(labels)["outcome"]): v
+                for (name, labels), v in self.metrics().items() if name == "rankmeter_events_total"}
+
+    def wait_for_events(self, total: int, seconds: float = 120) -> dict[tuple[str, str], float]:
+        wait_until(lambda: sum(self.events().values()) >= total, seconds,
+                   f"{total} events to be consumed")
+        return self.events()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is None:
+            return 0
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=60)
+        finally:
+            self.process = None
+
+    def __enter__(self) -> Serve:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.stop()
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def quality(metrics: dict, metric: str, ranker: str, window: str = "5m", average: str = "macro",
+            segment: str = "") -> float:
+    labels = frozenset({"metric": metric, "ranker": ranker, "window": window, "average": average,
+                        "segment": segment}.items())
+    return metrics[("rankmeter_quality", labels)]
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {seconds} s waiting for {what}")
