@@ -125,10 +125,25 @@ def _coerce_env(section: type[msgspec.Struct], key: str, value: str) -> Any:
         pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
         if any(len(p) != 2 for p in pairs):
             raise ConfigError(f"invalid configuration: {key}: expected key=value,key=value")
-        return {k.strip(): v.strip() for k, v in pairs}
+        return {k.strip(): _scalar(v.strip()) for k, v in pairs}
     if hint == "bool":
         return value.strip().lower() in ("1", "true", "yes", "on")
     return value
+
+
+def _scalar(text: str) -> Any:
+    """`6000` -> 6000, `true` -> True: kafka-python wants typed client settings."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:

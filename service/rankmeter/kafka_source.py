@@ -14,6 +14,7 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaConfigurationError
 from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
@@ -45,8 +46,12 @@ class _Listener(ConsumerRebalanceListener):
 
 class KafkaSource:
     def __init__(self, settings: KafkaSettings, client_id: str = "rankmeter") -> None:
-        common: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(","),
-                                  "client_id": client_id, **settings.client}
+        unknown = set(settings.client) - set(KafkaConsumer.DEFAULT_CONFIG) - set(KafkaProducer.DEFAULT_CONFIG)
+        if unknown:
+            raise KafkaConfigurationError(f"kafka.client has settings kafka-python does not know: {sorted(unknown)}")
+        common: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(","), "client_id": client_id}
+        # Each client takes the settings it knows: security for both, session ones for the consumer.
+        only = lambda defaults: {k: v for k, v in settings.client.items() if k in defaults}
         self.settings = settings
         self.consumer = KafkaConsumer(
             group_id=settings.group_id,
@@ -56,8 +61,8 @@ class KafkaSource:
             # co-partitioned topics, so a query's impression and feedback meet here.
             partition_assignment_strategy=[RangePartitionAssignor],
             max_poll_records=settings.max_poll_records,
-            **common)
-        self.producer = KafkaProducer(acks="all", linger_ms=20, **common)
+            **common, **only(KafkaConsumer.DEFAULT_CONFIG))
+        self.producer = KafkaProducer(acks="all", linger_ms=20, **common, **only(KafkaProducer.DEFAULT_CONFIG))
 
     def check_topics(self, topics: Sequence[str]) -> int:
         """Both topics exist with the same partition count (brief §2); returns it."""

@@ -35,8 +35,9 @@ def create_topics(settings: Settings, partitions: int) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
+    security = {k: v for k, v in settings.kafka.client.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers.split(","),
-                             client_id="rankmeter-admin", **settings.kafka.client)
+                             client_id="rankmeter-admin", **security)
     try:
         existing = set(admin.list_topics())
         k = settings.kafka

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 RANKMETER = shutil.which("rankmeter", path=str(Path(sys.executable).parent))
@@ -28,9 +29,15 @@ class Topics(NamedTuple):
     dead_letter: str
 
 
-def unique_topics() -> Topics:
+def unique_topics(bootstrap: str | None = None, partitions: int = 4) -> Topics:
+    """Fresh topic names; created now when `bootstrap` is given (else `serve` creates them)."""
     run = uuid.uuid4().hex[:8]
-    return Topics(f"t{run}.impressions", f"t{run}.feedback", f"t{run}.dlq")
+    topics = Topics(f"t{run}.impressions", f"t{run}.feedback", f"t{run}.dlq")
+    if bootstrap:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics])
+        admin.close()
+    return topics
 
 
 def free_port() -> int:
@@ -136,10 +143,10 @@ def quality(metrics: dict, metric: str, ranker: str, window: str = "5m", average
     return metrics[("rankmeter_quality", labels)]
 
 
-def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+def wait_until(condition: Callable[[], bool], seconds: float, what: str, interval: float = 0.2) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.2)
+        time.sleep(interval)
     raise TimeoutError(f"timed out after {seconds} s waiting for {what}")
