@@ -82,9 +82,9 @@ class KafkaSource:
         self.consumer.subscribe(list(topics), listener=_Listener(self, on_assign, on_revoke))
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or []))
-                for records in batches.values() for r in records]
+        return [r for records in batches.values() for r in records]
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         if offsets:

@@ -79,6 +79,7 @@ class Pipeline:
         self._labels: dict[tuple[str, str], str] = {}
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
+        self._zero = [0.0] * self.layout.size
 
     # ---- assignment ----
 
@@ -239,20 +240,26 @@ class Pipeline:
                 values[:, offset + j] = np.where(den != 0, num / den, UNDEFINED.get(name, 0.0))
             nums[:, offset + j], dens[:, offset + j] = num, den
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
+        previous = np.array([r.contribution or self._zero for r in records])
+        deltas = contributions - previous
 
+        # Sum the deltas per bucket first: a batch touches few buckets and many queries.
+        buckets = [(k.partition, BucketKey(r.ranker_label, r.segment_label,
+                                           r.impression.timestamp_ms // MINUTE_MS))
+                   for k, r in zip(keys, records)]
+        index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
+        totals = np.zeros((len(index), self.layout.size))
+        np.add.at(totals, [index[b] for b in buckets], deltas)
+        for record, new in zip(records, contributions.tolist()):
+            record.contribution = new
         dirty: dict[int, set[BucketKey]] = {}
         with self.lock:
-            for k, record, new in zip(keys, records, contributions):
-                bucket = BucketKey(record.ranker_label, record.segment_label,
-                                   record.impression.timestamp_ms // MINUTE_MS)
-                sums = self.partitions[k.partition].buckets.get(bucket)
+            for (p, bucket), i in index.items():
+                sums = self.partitions[p].buckets.get(bucket)
                 if sums is None:
-                    sums = self.partitions[k.partition].buckets[bucket] = np.zeros(self.layout.size)
-                if record.contribution:
-                    sums -= np.array(record.contribution)
-                sums += new
-                record.contribution = new.tolist()
-                dirty.setdefault(k.partition, set()).add(bucket)
+                    sums = self.partitions[p].buckets[bucket] = np.zeros(self.layout.size)
+                sums += totals[i]
+                dirty.setdefault(p, set()).add(bucket)
         return dirty
 
     def _writes(self, advanced: dict[int, dict[str, int]], touched: dict[_Touched, QueryRecord],
@@ -260,14 +267,18 @@ class Pipeline:
                 now_ms: int) -> list[PartitionWrite]:
         encode = self._record_codec[0].encode
         oldest_minute = (now_ms - self.retention_ms) // MINUTE_MS
+        deadline = now_ms + self.attribution_ms
+        records: dict[int, dict[str, bytes]] = {}
+        for k, r in touched.items():
+            records.setdefault(k.partition, {})[k.query_id] = encode(r)
         writes = []
         for p in set(advanced) | set(expired) | set(dirty_buckets):
             ps = self.partitions[p]
             ps.offsets.update(advanced.get(p, {}))
-            records = {k.query_id: encode(r) for k, r in touched.items() if k.partition == p}
+            written = records.get(p, {})
             deleted = []
             for qid in expired.get(p, []):
-                if qid in records:
+                if qid in written:
                     continue  # new events in this batch keep it open
                 record = ps.records.pop(qid, None)
                 ps.states.pop(qid, None)
@@ -280,11 +291,10 @@ class Pipeline:
                     del ps.buckets[b]
                 buckets = {b.encode(): ps.buckets[b].tobytes()
                            for b in dirty_buckets.get(p, ()) if b in ps.buckets}
-            deadline = now_ms + self.attribution_ms
             writes.append(PartitionWrite(
-                partition=p, offsets=dict(ps.offsets), records=records,
-                deadlines=dict.fromkeys(records, deadline), deleted=deleted, buckets=buckets,
-                dropped_buckets=[b.encode() for b in dropped], record_ttl_ms=self.attribution_ms))
+                partition=p, offsets=dict(ps.offsets), records=written,
+                deadlines=dict.fromkeys(written, deadline), deleted=deleted, buckets=buckets,
+                dropped_buckets=[b.encode() for b in dropped]))
         return writes
 
     # ---- labels ----

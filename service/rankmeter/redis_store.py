@@ -1,9 +1,15 @@
 """The state store on Redis (or Redis Cluster): one hash tag per partition.
 
+A batch costs a handful of commands per partition whatever its size: records live in
+one hash per partition (one HMGET to read, one HSET to write) rather than a key each,
+since redis-py spends more on packing a command than Redis spends running it. Records
+expire through the `open` deadlines, swept by the pipeline, instead of key TTLs.
+
 Keys, with prefix P and partition p (all of p's keys hash to one slot):
 
-    P:{P:p}:q:<query id>   string   the encoded QueryRecord, with a TTL
-    P:{P:p}:open           zset     query id -> deadline (ms), for closing and orphans
+    P:{P:p}:queries        hash     query id -> the encoded QueryRecord
+    P:{P:p}:open           zset     query id -> deadline (ms); past it the query is closed
+                                    (or orphaned) and its record deleted
     P:{P:p}:buckets        hash     ranker␟segment␟minute -> encoded window sums
     P:{P:p}:offsets        hash     topic -> next offset to read
     P:labels:<kind>        set      the label values admitted so far (rankers, segments)
@@ -51,7 +57,7 @@ class RedisStore:
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         with self.client.pipeline(transaction=False) as pipe:
             for p, qids in wanted.items():
-                pipe.mget([self._key(p, f"q:{q}") for q in qids])  # one slot per MGET
+                pipe.hmget(self._key(p, "queries"), qids)
             results = pipe.execute()
         return dict(zip(wanted, results))
 
@@ -60,12 +66,12 @@ class RedisStore:
         # Redis Cluster too; a crash keeps a partition's state and offsets, or neither.
         for w in writes:
             with self.client.pipeline(transaction=True) as pipe:
-                for q, data in w.records.items():
-                    pipe.set(self._key(w.partition, f"q:{q}"), data, px=w.record_ttl_ms)
+                if w.records:
+                    pipe.hset(self._key(w.partition, "queries"), mapping=w.records)
                 if w.deadlines:
                     pipe.zadd(self._key(w.partition, "open"), w.deadlines)
                 if w.deleted:
-                    pipe.delete(*[self._key(w.partition, f"q:{q}") for q in w.deleted])
+                    pipe.hdel(self._key(w.partition, "queries"), *w.deleted)
                     pipe.zrem(self._key(w.partition, "open"), *w.deleted)
                 if w.buckets:
                     pipe.hset(self._key(w.partition, "buckets"), mapping=w.buckets)

@@ -23,7 +23,7 @@ PROGRESS_INTERVAL_S = 10.0
 
 def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
     """Why and where from, beside the message's own headers."""
-    return [*record.headers,
+    return [*(record.headers or []),
             ("rankmeter.reason", reason.encode()),
             ("rankmeter.source.topic", record.topic.encode()),
             ("rankmeter.source.partition", str(record.partition).encode()),

@@ -21,7 +21,6 @@ class PartitionWrite(NamedTuple):
     deleted: list[str]              # query ids closed or orphaned
     buckets: dict[str, bytes]       # bucket field -> encoded sums
     dropped_buckets: list[str]      # buckets past every window
-    record_ttl_ms: int
 
 
 class PartitionSnapshot(NamedTuple):

@@ -1,0 +1,124 @@
+"""`rankmeter serve` end to end against a bare kafka-python consumer, on the real Kafka
+and Redis, in one run:
+
+    make bench    # or, with the services up:
+    RANKMETER_KAFKA_BOOTSTRAP_SERVERS=... RANKMETER_REDIS_URL=... .venv/bin/python bench/bench_serve.py
+
+It produces a stream (default 500,000 events: impressions, clicks, purchases and
+judgments) into fresh topics, then alternates: a bare KafkaConsumer reading the same
+topics with no processing, and `rankmeter serve` (a real process: consumed, decoded,
+joined, evaluated, persisted to Redis with its offsets). Each rate is counted from the
+first record to the last; the ratio of the medians is the figure to report, as the
+machine is shared and absolute rates drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+from serving import Serve, unique_topics  # noqa: E402  (the test harness's process wrapper)
+
+
+def produce_stream(bootstrap: str, topics, events: int, seed: int = 1) -> int:
+    rnd = random.Random(seed)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=256 * 1024)
+    now = int(time.time() * 1000)
+    sent = 0
+    q = 0
+    while sent < events:
+        qid = f"q{q}"
+        results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
+        key = qid.encode()
+        producer.send(topics.impressions, key=key, value=json.dumps(
+            {"query_id": qid, "ranker": f"bm25-{q % 2}", "timestamp": now, "results": results}).encode())
+        sent += 1
+        for i in range(rnd.randint(1, 7)):
+            doc = rnd.choice(results)
+            if i == 0 and rnd.random() < 0.2:
+                event = {"action": "judgment", "grade": rnd.randint(0, 3)}
+            else:
+                event = {"action": rnd.choice(("click", "click", "click", "add_to_cart", "purchase")),
+                         "dwell_ms": rnd.randrange(60_000)}
+            producer.send(topics.feedback, key=key, value=json.dumps(
+                {"query_id": qid, "doc_id": doc, "timestamp": now, "event_id": f"{qid}-{i}", **event}).encode())
+            sent += 1
+        q += 1
+        if q % 20_000 == 0:
+            print(f"  produced {sent}", file=sys.stderr)
+    producer.flush()
+    producer.close()
+    return sent
+
+
+def bare_consume(bootstrap: str, topics, total: int) -> float:
+    consumer = KafkaConsumer(topics.impressions, topics.feedback, bootstrap_servers=bootstrap,
+                             group_id=f"bare-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
+                             enable_auto_commit=False, max_poll_records=5000)
+    seen, first = 0, None
+    while seen < total:
+        for records in consumer.poll(timeout_ms=500).values():
+            if first is None:
+                first = time.perf_counter()
+            seen += len(records)
+    elapsed = time.perf_counter() - first
+    consumer.close()
+    return total / elapsed
+
+
+def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log: Path) -> float:
+    serve = Serve(bootstrap, redis_url, topics, f"bench-{uuid.uuid4().hex[:6]}",
+                  f"bench-{uuid.uuid4().hex[:6]}", log_path=log).start(create_topics=None)
+    first = None
+    try:
+        while True:
+            done = sum(serve.events().values())
+            if done and first is None:
+                first, first_done = time.perf_counter(), done
+            if done >= total:
+                break
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - first
+    finally:
+        serve.stop()
+    return (total - first_done) / elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=500_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    bootstrap = os.environ["RANKMETER_KAFKA_BOOTSTRAP_SERVERS"]
+    redis_url = os.environ["RANKMETER_REDIS_URL"]
+    topics = unique_topics(bootstrap, partitions=4)
+    print(f"producing {args.events} events into {topics.impressions} / {topics.feedback} ...", file=sys.stderr)
+    total = produce_stream(bootstrap, topics, args.events)
+    rates: dict[str, list[float]] = {"bare": [], "serve": []}
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    for i in range(args.rounds):
+        rates["bare"].append(bare_consume(bootstrap, topics, total))
+        rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"serve-{i}.log"))
+        print(f"round {i + 1}/{args.rounds}: bare kafka-python {rates['bare'][-1]:,.0f}/s, "
+              f"rankmeter serve {rates['serve'][-1]:,.0f}/s", file=sys.stderr)
+    bare, served = statistics.median(rates["bare"]), statistics.median(rates["serve"])
+    print(f"events={total} partitions=4 rounds={args.rounds}")
+    print(f"bare_kafka_python_events_per_second={bare:.0f}")
+    print(f"rankmeter_serve_events_per_second={served:.0f}")
+    print(f"ratio={served / bare:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
