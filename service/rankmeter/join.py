@@ -30,7 +30,7 @@ class QueryRecord(msgspec.Struct, array_like=True):
     clicks: int = 0
     event_ids: list[str] = []        # feedback already counted (idempotency)
     pending: list[Feedback] = []     # feedback that came before its impression
-    contribution: list[float] = []   # what the query adds to its window bucket now
+    contribution: bytes = b""        # what the query adds to its window bucket now (float64s)
 
     def grade(self, doc: str) -> float:
         """An explicit judgment if any (the latest wins), else the highest implicit grade;

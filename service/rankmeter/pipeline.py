@@ -79,7 +79,7 @@ class Pipeline:
         self._labels: dict[tuple[str, str], str] = {}
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
-        self._zero = [0.0] * self.layout.size
+        self._zero = bytes(8 * self.layout.size)
 
     # ---- assignment ----
 
@@ -240,8 +240,8 @@ class Pipeline:
                 values[:, offset + j] = np.where(den != 0, num / den, UNDEFINED.get(name, 0.0))
             nums[:, offset + j], dens[:, offset + j] = num, den
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
-        previous = np.array([r.contribution or self._zero for r in records])
-        deltas = contributions - previous
+        previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records))
+        deltas = contributions - previous.reshape(contributions.shape)
 
         # Sum the deltas per bucket first: a batch touches few buckets and many queries.
         buckets = [(k.partition, BucketKey(r.ranker_label, r.segment_label,
@@ -250,8 +250,8 @@ class Pipeline:
         index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
         totals = np.zeros((len(index), self.layout.size))
         np.add.at(totals, [index[b] for b in buckets], deltas)
-        for record, new in zip(records, contributions.tolist()):
-            record.contribution = new
+        for record, new in zip(records, contributions):
+            record.contribution = new.tobytes()
         dirty: dict[int, set[BucketKey]] = {}
         with self.lock:
             for (p, bucket), i in index.items():
