@@ -77,13 +77,18 @@ def bare_consume(bootstrap: str, topics, total: int) -> float:
     return total / elapsed
 
 
-def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log: Path) -> float:
-    serve = Serve(bootstrap, redis_url, topics, f"bench-{uuid.uuid4().hex[:6]}",
-                  f"bench-{uuid.uuid4().hex[:6]}", log_path=log).start(create_topics=None)
+def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: Path, replicas: int = 1) -> float:
+    """Events per second through `replicas` serve processes sharing one consumer group."""
+    group, prefix = f"bench-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    processes = [Serve(bootstrap, redis_url, topics, group, prefix, log_path=log_dir / f"serve-{i}.log")
+                 for i in range(replicas)]
     first = None
     try:
+        for serve in processes:
+            serve.start(create_topics=None)
         while True:
-            done = sum(serve.events().values())
+            done = sum(sum(serve.events().values()) for serve in processes)
             if done and first is None:
                 first, first_done = time.perf_counter(), done
             if done >= total:
@@ -91,7 +96,8 @@ def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log: Path)
             time.sleep(0.05)
         elapsed = time.perf_counter() - first
     finally:
-        serve.stop()
+        for serve in processes:
+            serve.stop()
     return (total - first_done) / elapsed
 
 
@@ -105,18 +111,22 @@ def main() -> int:
     topics = unique_topics(bootstrap, partitions=4)
     print(f"producing {args.events} events into {topics.impressions} / {topics.feedback} ...", file=sys.stderr)
     total = produce_stream(bootstrap, topics, args.events)
-    rates: dict[str, list[float]] = {"bare": [], "serve": []}
+    rates: dict[str, list[float]] = {"bare": [], "serve": [], "serve_x2": []}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     for i in range(args.rounds):
         rates["bare"].append(bare_consume(bootstrap, topics, total))
-        rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"serve-{i}.log"))
+        rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x1"))
+        rates["serve_x2"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
         print(f"round {i + 1}/{args.rounds}: bare kafka-python {rates['bare'][-1]:,.0f}/s, "
-              f"rankmeter serve {rates['serve'][-1]:,.0f}/s", file=sys.stderr)
-    bare, served = statistics.median(rates["bare"]), statistics.median(rates["serve"])
+              f"rankmeter serve {rates['serve'][-1]:,.0f}/s, two replicas {rates['serve_x2'][-1]:,.0f}/s",
+              file=sys.stderr)
+    bare, one, two = (statistics.median(rates[k]) for k in ("bare", "serve", "serve_x2"))
     print(f"events={total} partitions=4 rounds={args.rounds}")
     print(f"bare_kafka_python_events_per_second={bare:.0f}")
-    print(f"rankmeter_serve_events_per_second={served:.0f}")
-    print(f"ratio={served / bare:.2f}")
+    print(f"rankmeter_serve_events_per_second={one:.0f}")
+    print(f"rankmeter_serve_two_replicas_events_per_second={two:.0f}")
+    print(f"ratio={one / bare:.2f}")
+    print(f"ratio_two_replicas={two / bare:.2f}")
     return 0
 
 

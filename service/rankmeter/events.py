@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from rankmeter.config import Settings, duration_ms
+from rankmeter.engine.query import first_occurrences
 
 
 # ---- what the pipeline works with ------------------------------------------------
@@ -22,7 +23,7 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     query_id: str
     ranker: str
     timestamp_ms: int
-    results: list[str]
+    results: list[str]  # in rank order, each document once
     segment: str = ""
 
 
@@ -165,7 +166,8 @@ class Decoder:
         ts = self._timestamp(timestamp, now_ms)
         if isinstance(ts, Rejected):
             return ts
-        return Impression(query_id, ranker, ts, results, segment)
+        # A document repeated in the list keeps its first rank (brief §2).
+        return Impression(query_id, ranker, ts, first_occurrences(results), segment)
 
     # -- feedback --
 

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from rankmeter.engine.query import first_occurrences
 from rankmeter.events import Feedback, Impression
 
 
@@ -98,7 +97,7 @@ def online_ratios(records: Sequence[QueryRecord]) -> dict[str, tuple[np.ndarray,
     CTR = clicked shown results / shown results (micro: Σ clicked / Σ shown);
     Abandonment = 1 when no shown result was clicked; Clicks = click events;
     FirstClickRank = rank of the first clicked result (undefined without a click)."""
-    shown = np.array([len(first_occurrences(r.impression.results)) for r in records], dtype=float)
+    shown = np.array([len(r.impression.results) for r in records], dtype=float)
     clicked = np.array([len(r.clicked) for r in records], dtype=float)
     clicks = np.array([r.clicks for r in records], dtype=float)
     first = np.array([_first_click_rank(r) for r in records], dtype=float)
@@ -114,5 +113,4 @@ def online_ratios(records: Sequence[QueryRecord]) -> dict[str, tuple[np.ndarray,
 def _first_click_rank(record: QueryRecord) -> float:
     if not record.clicked:
         return float("nan")
-    ranks = {doc: i for i, doc in enumerate(first_occurrences(record.impression.results), start=1)}
-    return float(min(ranks[doc] for doc in record.clicked))
+    return float(min(record.impression.results.index(doc) for doc in record.clicked) + 1)
