@@ -37,10 +37,11 @@ test-unit: venv
 
 bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
+	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py
 
 demo: venv
-	@echo "make demo arrives with the operations issue (simulator + live service)."
-	@echo "Until then, try the offline evaluator:  $(BIN)/rankmeter eval --help"
+	@echo "make demo arrives with the traffic simulator (the operations issue)."
+	@echo "Until then: make services, then $(BIN)/rankmeter serve --create-topics 4 (see README)."
 
 clean:
 	rm -rf $(VENV) .cache .services .pytest_cache .hypothesis
