@@ -1,4 +1,4 @@
-"""The `rankmeter` command: `eval` and `serve`; `demo` and `simulate` join them later."""
+"""The `rankmeter` command: `serve`, `demo`, `simulate`, `eval`."""
 
 from __future__ import annotations
 
@@ -60,7 +60,43 @@ def _parser() -> argparse.ArgumentParser:
                     help="create the impressions, feedback and dead-letter topics with this "
                          "many partitions when they are missing")
     sv.set_defaults(run_command=_serve)
+
+    sim = commands.add_parser(
+        "simulate", help="produce realistic search traffic into Kafka (BM25 rankers, click model)",
+        description="A synthetic corpus, Zipf-popular queries, two BM25 rankers of known quality "
+                    "(bm25-tuned better than bm25-degraded), clicks from a position-based model "
+                    "driven by hidden true grades, dwell, add-to-carts, purchases, some judgments, "
+                    "duplicates and disorder. Writes to the configured Kafka topics, keyed by query_id.")
+    sim.add_argument("--config", metavar="FILE", help="YAML settings file (Kafka and topics)")
+    _traffic_options(sim, rate=200.0)
+    sim.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    sim.add_argument("--split", type=float, default=0.5, metavar="SHARE",
+                     help="share of queries answered by bm25-tuned (default 0.5)")
+    sim.add_argument("--truth", action="store_true",
+                     help="print the true nDCG@10, P@10 and AP per ranker from the hidden grades at the end")
+    sim.add_argument("--create-topics", type=int, metavar="PARTITIONS",
+                     help="create the topics with this many partitions when missing")
+    sim.set_defaults(run_command=_simulate)
+
+    dm = commands.add_parser(
+        "demo", help="simulator + live pipeline + /metrics in one process, with a live table",
+        description="Runs the simulator into the live pipeline and shows nDCG@10, P@10, AP, CTR "
+                    "and abandonment per ranker with the A/B difference, refreshed every second. "
+                    "Embedded (in-process bus, in-memory store) unless RANKMETER_KAFKA_BOOTSTRAP_SERVERS "
+                    "and RANKMETER_REDIS_URL are set. Ctrl-C stops.")
+    dm.add_argument("--config", metavar="FILE", help="YAML settings file")
+    _traffic_options(dm, rate=500.0)
+    dm.set_defaults(run_command=_demo)
     return parser
+
+
+def _traffic_options(parser: argparse.ArgumentParser, rate: float) -> None:
+    parser.add_argument("--rate", type=float, default=rate, metavar="EVENTS_PER_S",
+                        help=f"events per second (default {rate:g})")
+    parser.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
+    parser.add_argument("--seed", type=int, default=7, help="corpus and traffic seed (default 7)")
+    parser.add_argument("--regression-at", type=float, metavar="SECONDS",
+                        help="from this many seconds on, bm25-tuned degrades (to see alerts fire)")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -106,6 +142,74 @@ def _serve(args: argparse.Namespace) -> int:
     except TopicMismatch as e:
         raise ServiceError(str(e)) from None
     run(settings, source, store)
+    return 0
+
+
+def _settings(args: argparse.Namespace):
+    from rankmeter import config
+
+    try:
+        return config.load(args.config)
+    except config.ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from kafka.errors import KafkaError
+
+    from rankmeter import logs
+    from rankmeter.demo import kafka_sender
+    from rankmeter.serve import create_topics
+    from rankmeter.simulator.traffic import Simulator
+
+    settings = _settings(args)
+    logs.configure(settings.log_level)
+    try:
+        if args.create_topics:
+            create_topics(settings, args.create_topics)
+        send = kafka_sender(settings)
+    except KafkaError as e:
+        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+    simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at)
+    duration = args.duration if args.duration is not None or args.count is not None else 60.0
+    sent = simulator.run(send, args.rate, duration=duration, count=args.count)
+    send.flush()
+    print(json.dumps({"events": sent, "truth": simulator.truth.means()} if args.truth else {"events": sent}))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import os
+
+    import redis
+    from kafka.errors import KafkaError
+
+    from rankmeter import logs
+    from rankmeter.demo import demo, embedded, kafka_sender
+
+    settings = _settings(args)
+    logs.configure("WARNING")  # the table is the output
+    if os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("RANKMETER_REDIS_URL"):
+        from rankmeter.kafka_source import KafkaSource
+        from rankmeter.redis_store import RedisStore
+        from rankmeter.serve import create_topics
+
+        try:
+            store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+            store.ping()
+            create_topics(settings, 4)
+            source, send = KafkaSource(settings.kafka), kafka_sender(settings)
+        except redis.RedisError as e:
+            raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
+        except KafkaError as e:
+            raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+        mode = f"Kafka {settings.kafka.bootstrap_servers} + Redis"
+    else:
+        source, store, send = embedded(settings)
+        mode = "embedded (in-process bus, in-memory store)"
+    demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed)
     return 0
 
 

@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from rankmeter.config import Settings
 from rankmeter.exporter import Exporter, Health
@@ -54,8 +55,10 @@ def create_topics(settings: Settings, partitions: int) -> None:
         admin.close()
 
 
-def run(settings: Settings, source: Source, store: Store,
-        stop: threading.Event | None = None, on_ready: callable | None = None) -> None:
+def run(settings: Settings, source: Source, store: Store, stop: threading.Event | None = None,
+        on_start: Callable[[Pipeline, int], None] | None = None) -> None:
+    """Serve until `stop` is set (or SIGTERM/SIGINT when on the main thread).
+    `on_start(pipeline, metrics_port)` is called once consuming starts (the demo uses it)."""
     stop = stop or threading.Event()
     health = Health()
     k = settings.kafka
@@ -79,8 +82,8 @@ def run(settings: Settings, source: Source, store: Store,
     source.subscribe([k.impressions_topic, k.feedback_topic], on_assign, pipeline.revoke)
     log.info("rankmeter serve started", extra={"metrics_port": port, "group": k.group_id,
                                                "topics": [k.impressions_topic, k.feedback_topic]})
-    if on_ready is not None:
-        on_ready(port)
+    if on_start is not None:
+        on_start(pipeline, port)
     last_lag = last_progress = time.monotonic()
     consumed = 0
     try:

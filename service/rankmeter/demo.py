@@ -1,0 +1,130 @@
+"""`rankmeter demo`: the simulator, the live pipeline and /metrics in one command, with a
+live table per ranker and the A/B difference.
+
+Embedded by default — the in-process bus and the in-memory store, behind the same ports
+as Kafka and Redis — or on the real services when RANKMETER_KAFKA_BOOTSTRAP_SERVERS and
+RANKMETER_REDIS_URL are set (`make demo-full`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from rankmeter.config import Settings
+from rankmeter.pipeline import Pipeline
+from rankmeter.serve import run
+from rankmeter.simulator.traffic import Event, Simulator
+from rankmeter.source import Bus, Source
+from rankmeter.store import MemoryStore, Store
+from rankmeter.windows import WindowView
+
+COLUMNS = [("nDCG@10", "macro"), ("P@10", "macro"), ("AP", "macro"), ("CTR", "micro"), ("Abandonment", "macro")]
+
+
+def value(view: WindowView, metric: str, average: str) -> float:
+    macro_sum, count, num, den = view.sums.get(metric, (0.0, 0.0, 0.0, 0.0))
+    top, bottom = (macro_sum, count) if average == "macro" else (num, den)
+    return top / bottom if bottom else float("nan")
+
+
+def render(views: list[WindowView], window: str, truth: dict[str, dict[str, float]], header: str,
+           baseline: str) -> str:
+    rows = sorted((v for v in views if v.window == window and v.segment == ""),
+                  key=lambda v: (v.ranker != baseline, v.ranker))
+    names = [c for c, _ in COLUMNS]
+    lines = [header, "",
+             f"{'ranker':<18}{'queries':>9}" + "".join(f"{n[:11]:>12}" for n in names) + f"{'true nDCG@10':>14}"]
+    for v in rows:
+        true = truth.get(v.ranker, {}).get("nDCG@10", float("nan"))
+        lines.append(f"{v.ranker:<18}{int(v.queries_all):>9}"
+                     + "".join(f"{value(v, m, a):>12.4f}" for m, a in COLUMNS) + f"{true:>14.4f}")
+    base = rows[0] if rows and rows[0].ranker == baseline else None
+    for other in rows[1:] if base else []:
+        deltas = "".join(f"{value(other, m, a) - value(base, m, a):>+12.4f}" for m, a in COLUMNS)
+        lines.append(f"{'Δ vs ' + baseline:<27}{deltas}   ({other.ranker} − {baseline})")
+    return "\n".join(lines)
+
+
+def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event], None], mode: str,
+         rate: float, duration: float | None, regression_at: float | None, seed: int,
+         out: TextIO = sys.stdout, refresh_s: float = 1.0) -> dict[str, WindowView]:
+    """Run until `duration` (or Ctrl-C); returns the last views of the smallest window."""
+    stop = threading.Event()
+    started: dict = {}
+
+    def on_start(pipeline: Pipeline, port: int) -> None:
+        started.update(pipeline=pipeline, port=port)
+
+    server = threading.Thread(target=run, args=(settings, source, store, stop, on_start), daemon=True)
+    server.start()
+    while "pipeline" not in started:
+        if not server.is_alive():
+            raise RuntimeError("the pipeline did not start")
+        time.sleep(0.05)
+    pipeline: Pipeline = started["pipeline"]
+    simulator = Simulator(seed=seed, regression_at=regression_at)
+    traffic = threading.Thread(target=simulator.run, args=(send, rate, duration), kwargs={"stop": stop.is_set},
+                               daemon=True)
+    traffic.start()
+    window = min(settings.windows.sizes, key=lambda s: _minutes(s))
+    interactive = out.isatty()
+    began, last_total, last_t = time.monotonic(), 0, time.monotonic()
+    views: list[WindowView] = []
+    try:
+        while traffic.is_alive() or _lagging(pipeline, source):
+            time.sleep(refresh_s)
+            total, now = sum(pipeline.events.values()), time.monotonic()
+            views = pipeline.views()
+            header = (f"rankmeter demo — {mode} — window {window} — {int(now - began)} s — "
+                      f"{(total - last_total) / (now - last_t):,.0f} events/s — "
+                      f"http://localhost:{started['port']}/metrics — Ctrl-C stops")
+            last_total, last_t = total, now
+            table = render(views, window, simulator.truth.means(), header, simulator.rankers[0].name)
+            out.write(("\x1b[H\x1b[2J" + table + "\n") if interactive else table + "\n\n")
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        traffic.join(timeout=10)
+        server.join(timeout=30)
+    return {v.ranker: v for v in views if v.window == window and v.segment == ""}
+
+
+def _lagging(pipeline: Pipeline, source: Source) -> bool:
+    return isinstance(source, Bus) and sum(source.lag().values()) > 0
+
+
+def _minutes(size: str) -> float:
+    from rankmeter.config import duration_ms
+
+    return duration_ms(size) / 60_000
+
+
+def embedded(settings: Settings) -> tuple[Source, Store, Callable[[Event], None]]:
+    bus = Bus(partitions=4)
+    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+
+    def send(event: Event) -> None:
+        bus.send(topics[event.stream], event.key.encode(), json.dumps(event.value).encode())
+
+    return bus, MemoryStore(), send
+
+
+def kafka_sender(settings: Settings) -> Callable[[Event], None]:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers.split(","), linger_ms=20,
+                             **{k: v for k, v in settings.kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG})
+    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+
+    def send(event: Event) -> None:
+        producer.send(topics[event.stream], key=event.key.encode(), value=json.dumps(event.value).encode())
+
+    send.flush = producer.flush  # type: ignore[attr-defined]
+    return send
