@@ -115,6 +115,11 @@ def test_aggregates_equal_the_engine_on_final_grades():
             macro_sum, count, _, _ = view.sums[name]
             assert count == judged_rows.sum()
             assert macro_sum / count == pytest.approx(fmean(values), abs=1e-9), (ranker, name)
+            # The per-query distribution: queries per tenth of [0, 1].
+            expected_bins = [0] * 11
+            for v in values:
+                expected_bins[min(int(v * 10), 9)] += 1
+            assert view.distributions[name] == expected_bins, (ranker, name)
 
 
 def test_restart_replays_only_what_was_not_persisted():

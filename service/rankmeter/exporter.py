@@ -8,6 +8,7 @@ clean on the output (tests/integration/test_serve.py checks it).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -20,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from rankmeter.pipeline import Pipeline
+from rankmeter.windows import BIN_EDGES
 
 log = logging.getLogger("rankmeter.exporter")
 
@@ -59,8 +61,15 @@ class PipelineCollector:
         queries = GaugeMetricFamily(
             "rankmeter_queries", "Queries in the window: all, and judged (a relevant document known).",
             labels=["ranker", "segment", "window", "population"])
+        distribution = GaugeMetricFamily(
+            "rankmeter_quality_distribution", "Queries averaged in rankmeter_quality{average=\"macro\"} "
+            "whose value is at most `le` (cumulative, like a histogram's buckets).",
+            labels=["metric", "ranker", "segment", "window", "le"])
         for view in self.pipeline.views():
             base = [view.ranker, view.segment, view.window]
+            for metric, counts in view.distributions.items():
+                for edge, cumulative in zip(BIN_EDGES, itertools.accumulate(counts)):
+                    distribution.add_metric([metric, *base, edge], cumulative)
             queries.add_metric(base + ["all"], view.queries_all)
             queries.add_metric(base + ["judged"], view.queries_judged)
             for metric, (macro_sum, macro_n, micro_num, micro_den) in view.sums.items():
@@ -70,7 +79,7 @@ class PipelineCollector:
                     denominator.add_metric(key, den)
                     if den:  # no value rather than NaN when nothing is averaged yet
                         quality.add_metric(key, num / den)
-        yield from (quality, numerator, denominator, queries)
+        yield from (quality, numerator, denominator, queries, distribution)
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
                                      labels=["stream", "outcome"])

@@ -66,7 +66,7 @@ class Pipeline:
         self.measures = parse_all(settings.evaluation.measures)
         names = [str(m) for m in self.measures] + list(ONLINE_SIGNALS)
         over_all = names if settings.evaluation.empty_query_policy == "zero" else ONLINE_SIGNALS
-        self.layout = Layout(names, over_all)
+        self.layout = Layout(names, over_all, distributed=[str(m) for m in self.measures])
         self.level = settings.evaluation.relevance_level
         self.attribution_ms = duration_ms(settings.windows.attribution) + duration_ms(settings.windows.grace)
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}

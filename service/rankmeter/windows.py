@@ -5,8 +5,9 @@ and segment label). For every measure the vector holds four sums:
 
     [Σ value, number of queries averaged, Σ numerator, Σ denominator]
 
-(macro = Σ value / count, micro = Σ num / Σ den), then two query counts, `all` and
-`judged`. When feedback changes a query's metrics, the bucket gets the difference
+(macro = Σ value / count, micro = Σ num / Σ den), then, for the quality measures, how
+many queries have a value in each tenth of [0, 1] (the per-query distribution), and
+last two query counts, `all` and `judged`. When feedback changes a query's metrics, the bucket gets the difference
 between its new and old vector (brief §5, §8). A window is the sum of the buckets whose
 minute lies in it, computed when Prometheus scrapes.
 """
@@ -19,6 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 SLOTS = 4  # per measure: macro sum, macro count, micro numerator, micro denominator
+BINS = 11  # per distributed measure: queries with value in [0, .1), [.1, .2), …, [.9, 1], above 1
+BIN_EDGES = ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "+Inf")
 MINUTE_MS = 60_000
 
 
@@ -39,11 +42,15 @@ class BucketKey(NamedTuple):
 class Layout:
     """Where each measure's sums sit in a contribution vector."""
 
-    def __init__(self, metric_names: list[str], averaged_over_all: Iterable[str]) -> None:
+    def __init__(self, metric_names: list[str], averaged_over_all: Iterable[str],
+                 distributed: Iterable[str] = ()) -> None:
         self.names = metric_names
         over_all = set(averaged_over_all)
         self.over_all = np.array([n in over_all for n in metric_names])
-        self.size = SLOTS * len(metric_names) + 2
+        self.distributed = [n for n in metric_names if n in set(distributed)]
+        self._distributed_columns = [metric_names.index(n) for n in self.distributed]
+        self.bins_start = SLOTS * len(metric_names)
+        self.size = self.bins_start + BINS * len(self.distributed) + 2
         self.all_slot, self.judged_slot = self.size - 2, self.size - 1
 
     def contributions(self, values: np.ndarray, nums: np.ndarray, dens: np.ndarray,
@@ -59,6 +66,11 @@ class Layout:
         sums[:, :, 1] = counted
         sums[:, :, 2] = np.where(counted, nums, 0.0)
         sums[:, :, 3] = np.where(counted, dens, 0.0)
+        rows = np.arange(q)
+        for j, col in enumerate(self._distributed_columns):
+            v = np.nan_to_num(values[:, col])
+            bin_index = np.where(v <= 1.0, np.minimum(np.floor(v * 10), 9), 10).astype(int)
+            out[rows, self.bins_start + BINS * j + bin_index] = counted[:, col]
         out[:, self.all_slot] = 1.0
         out[:, self.judged_slot] = judged
         return out
@@ -72,6 +84,7 @@ class WindowView(NamedTuple):
     queries_all: float
     queries_judged: float
     sums: dict[str, tuple[float, float, float, float]]  # metric -> macro sum, count, micro num, den
+    distributions: dict[str, list[float]]  # metric -> queries per bin (BIN_EDGES), not cumulative
 
 
 def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layout,
@@ -92,6 +105,9 @@ def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layo
             total = vectors[inside].sum(axis=0) if inside.any() else np.zeros(layout.size)
             sums = {name: tuple(total[SLOTS * i:SLOTS * i + SLOTS].tolist())
                     for i, name in enumerate(layout.names)}
+            distributions = {
+                name: total[layout.bins_start + BINS * j:layout.bins_start + BINS * (j + 1)].tolist()
+                for j, name in enumerate(layout.distributed)}
             views.append(WindowView(ranker, segment, window, float(total[layout.all_slot]),
-                                    float(total[layout.judged_slot]), sums))
+                                    float(total[layout.judged_slot]), sums, distributions))
     return views
