@@ -112,9 +112,10 @@ def test_aggregates_equal_the_engine_on_final_grades():
             m = parse(name)
             values = m.values(m.compute(batch))[judged_rows]
             view = next(v for v in pipeline.views() if v.ranker == ranker and v.window == "24h")
-            macro_sum, count, _, _ = view.sums[name]
-            assert count == judged_rows.sum()
-            assert macro_sum / count == pytest.approx(fmean(values), abs=1e-9), (ranker, name)
+            sums = view.sums[name]
+            assert sums.count == judged_rows.sum()
+            assert sums.macro() == pytest.approx(fmean(values), abs=1e-9), (ranker, name)
+            assert sums.value_squares == pytest.approx(sum(v * v for v in values), abs=1e-9)
             # The per-query distribution: queries per tenth of [0, 1].
             expected_bins = [0] * 11
             for v in values:
@@ -147,7 +148,7 @@ def test_windows_follow_impression_time():
     queries = {v.window: v.queries_all for v in pipeline.views()}
     assert queries == {"5m": 1, "1h": 2, "24h": 2}
     ctr = {v.window: v.sums["CTR"] for v in pipeline.views()}
-    assert ctr["5m"] == (0.5, 1, 1, 2) and ctr["1h"] == (0.5, 2, 1, 3)
+    assert ctr["5m"] == (0.5, 1, 1, 2, 0.25) and ctr["1h"] == (0.5, 2, 1, 3, 0.25)
     clock.t += 3600  # an hour later only the 24h window holds them
     assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 0, "1h": 0, "24h": 2}
 

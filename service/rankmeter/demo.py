@@ -27,9 +27,10 @@ COLUMNS = [("nDCG@10", "macro"), ("P@10", "macro"), ("AP", "macro"), ("CTR", "mi
 
 
 def value(view: WindowView, metric: str, average: str) -> float:
-    macro_sum, count, num, den = view.sums.get(metric, (0.0, 0.0, 0.0, 0.0))
-    top, bottom = (macro_sum, count) if average == "macro" else (num, den)
-    return top / bottom if bottom else float("nan")
+    sums = view.sums.get(metric)
+    if sums is None:
+        return float("nan")
+    return sums.macro() if average == "macro" else sums.micro()
 
 
 def render(views: list[WindowView], window: str, truth: dict[str, dict[str, float]], header: str,

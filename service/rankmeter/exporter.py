@@ -61,6 +61,11 @@ class PipelineCollector:
         queries = GaugeMetricFamily(
             "rankmeter_queries", "Queries in the window: all, and judged (a relevant document known).",
             labels=["ranker", "segment", "window", "population"])
+        squares = GaugeMetricFamily(
+            "rankmeter_quality_squares", "Sum of squared per-query values over the queries of "
+            "rankmeter_quality{average=\"macro\"}: with the numerator and denominator it gives "
+            "the variance behind an A/B confidence interval.",
+            labels=["metric", "ranker", "segment", "window"])
         distribution = GaugeMetricFamily(
             "rankmeter_quality_distribution", "Queries averaged in rankmeter_quality{average=\"macro\"} "
             "whose value is at most `le` (cumulative, like a histogram's buckets).",
@@ -72,14 +77,15 @@ class PipelineCollector:
                     distribution.add_metric([metric, *base, edge], cumulative)
             queries.add_metric(base + ["all"], view.queries_all)
             queries.add_metric(base + ["judged"], view.queries_judged)
-            for metric, (macro_sum, macro_n, micro_num, micro_den) in view.sums.items():
-                for average, num, den in (("macro", macro_sum, macro_n), ("micro", micro_num, micro_den)):
+            for metric, s in view.sums.items():
+                for average, num, den in (("macro", s.value_sum, s.count), ("micro", s.numerator, s.denominator)):
                     key = [metric, view.ranker, view.segment, view.window, average]
                     numerator.add_metric(key, num)
                     denominator.add_metric(key, den)
                     if den:  # no value rather than NaN when nothing is averaged yet
                         quality.add_metric(key, num / den)
-        yield from (quality, numerator, denominator, queries, distribution)
+                squares.add_metric([metric, *base], s.value_squares)
+        yield from (quality, numerator, denominator, squares, queries, distribution)
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
                                      labels=["stream", "outcome"])

@@ -1,11 +1,12 @@
 """Rolling micro/macro aggregates over event-time windows, from one-minute buckets.
 
 Each query contributes one vector to the bucket of its impression minute (per ranker
-and segment label). For every measure the vector holds four sums:
+and segment label). For every measure the vector holds five sums (`Sums`):
 
-    [Σ value, number of queries averaged, Σ numerator, Σ denominator]
+    [Σ value, number of queries averaged, Σ numerator, Σ denominator, Σ value²]
 
-(macro = Σ value / count, micro = Σ num / Σ den), then, for the quality measures, how
+(macro = Σ value / count, micro = Σ num / Σ den; Σ value² gives the variance behind an
+A/B confidence interval), then, for the quality measures, how
 many queries have a value in each tenth of [0, 1] (the per-query distribution), and
 last two query counts, `all` and `judged`. When feedback changes a query's metrics, the bucket gets the difference
 between its new and old vector (brief §5, §8). A window is the sum of the buckets whose
@@ -19,10 +20,25 @@ from typing import NamedTuple
 
 import numpy as np
 
-SLOTS = 4  # per measure: macro sum, macro count, micro numerator, micro denominator
+SLOTS = 5  # per measure: the fields of Sums
 BINS = 11  # per distributed measure: queries with value in [0, .1), [.1, .2), …, [.9, 1], above 1
 BIN_EDGES = ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "+Inf")
 MINUTE_MS = 60_000
+
+
+class Sums(NamedTuple):
+    """One measure's sums over the queries of a window."""
+    value_sum: float     # Σ per-query value         (macro numerator)
+    count: float         # queries averaged          (macro denominator)
+    numerator: float     # Σ per-query numerator     (micro numerator)
+    denominator: float   # Σ per-query denominator   (micro denominator)
+    value_squares: float  # Σ per-query value²
+
+    def macro(self) -> float:
+        return self.value_sum / self.count if self.count else float("nan")
+
+    def micro(self) -> float:
+        return self.numerator / self.denominator if self.denominator else float("nan")
 
 
 class BucketKey(NamedTuple):
@@ -66,6 +82,7 @@ class Layout:
         sums[:, :, 1] = counted
         sums[:, :, 2] = np.where(counted, nums, 0.0)
         sums[:, :, 3] = np.where(counted, dens, 0.0)
+        sums[:, :, 4] = np.where(counted, values * values, 0.0)
         rows = np.arange(q)
         for j, col in enumerate(self._distributed_columns):
             v = np.nan_to_num(values[:, col])
@@ -83,7 +100,7 @@ class WindowView(NamedTuple):
     window: str
     queries_all: float
     queries_judged: float
-    sums: dict[str, tuple[float, float, float, float]]  # metric -> macro sum, count, micro num, den
+    sums: dict[str, Sums]
     distributions: dict[str, list[float]]  # metric -> queries per bin (BIN_EDGES), not cumulative
 
 
@@ -103,7 +120,7 @@ def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layo
         for window, size_ms in windows.items():
             inside = minutes > now_minute - size_ms // MINUTE_MS
             total = vectors[inside].sum(axis=0) if inside.any() else np.zeros(layout.size)
-            sums = {name: tuple(total[SLOTS * i:SLOTS * i + SLOTS].tolist())
+            sums = {name: Sums(*total[SLOTS * i:SLOTS * i + SLOTS].tolist())
                     for i, name in enumerate(layout.names)}
             distributions = {
                 name: total[layout.bins_start + BINS * j:layout.bins_start + BINS * (j + 1)].tolist()
