@@ -5,14 +5,15 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench demo clean
+.PHONY: help venv services services-down test test-unit bench demo demo-full clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
 	@echo "make services       start the real services on 127.0.0.1 and print their RANKMETER_* settings"
 	@echo "make services-down  stop what 'make services' started"
 	@echo "make bench          run the benchmarks in bench/ against the real services"
-	@echo "make demo           the end-to-end demo (arrives with the operations issue)"
+	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
+	@echo "make demo-full      the same on the real Kafka and Redis of 'make services'"
 
 $(BIN)/rankmeter: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +40,15 @@ bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py
 
+# The whole pipeline in one process: simulator, consumer, join, metrics, /metrics on :9108.
+# Embedded (in-process bus, in-memory store) unless RANKMETER_KAFKA_BOOTSTRAP_SERVERS and
+# RANKMETER_REDIS_URL are set. Ctrl-C stops it.
 demo: venv
-	@echo "make demo arrives with the traffic simulator (the operations issue)."
-	@echo "Until then: make services, then $(BIN)/rankmeter serve --create-topics 4 (see README)."
+	$(BIN)/rankmeter demo $(DEMO_ARGS)
+
+# The same on the harness's real Kafka and Redis (started, then stopped, unless running).
+demo-full: venv
+	@scripts/run-tests.sh $(BIN)/rankmeter demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .services .pytest_cache .hypothesis
