@@ -34,8 +34,8 @@ def test_ubi_query_record_is_an_impression():
     assert DEC.impression(json.dumps(ubi).encode(), NOW) == Impression("u1", "ltr-v3", NOW, ["x", "y"], "")
     older = {"query_id": "u2", "timestamp": NOW, "application": "shop", "query_response_object_ids": ["z"]}
     assert DEC.impression(json.dumps(older).encode(), NOW) == Impression("u2", "shop", NOW, ["z"], "")
-    oldest = {"query_id": "u3", "timestamp": NOW, "application": "s", "query_response_objects_ids": ["w"]}
-    assert DEC.impression(json.dumps(oldest).encode(), NOW).results == ["w"]
+    oldest = {"query_id": "u3", "timestamp": NOW, "application": "s", "query_response_objects_ids": ["w", 978316]}
+    assert DEC.impression(json.dumps(oldest).encode(), NOW).results == ["w", "978316"]
     nameless = {"query_id": "u4", "timestamp": NOW, "query_response_hit_ids": ["w"]}
     assert DEC.impression(json.dumps(nameless).encode(), NOW) == Rejected(
         "invalid", "UBI query has no ranker: neither query_attributes.ranker nor application is a non-empty string")
@@ -46,6 +46,9 @@ def test_ubi_event_record_is_feedback():
            "message_id": "m1", "event_attributes": {"object": {"object_id": "x", "object_id_field": "sku"},
                                                     "position": {"ordinal": 3}}}
     assert DEC.feedback(json.dumps(ubi).encode(), NOW) == Feedback("m1", "u1", NOW, "click", "x", 1.0, False, 3)
+    numeric = {"action_name": "purchase", "query_id": "u1", "timestamp": "2027-01-15T08:00:00.000Z",
+               "event_attributes": {"object": {"object_id": 978316, "object_id_field": "isbn"}}}
+    assert DEC.feedback(json.dumps(numeric).encode(), NOW).doc_id == "978316"
     view = {"action_name": "view", "query_id": "u1", "timestamp": NOW}
     assert DEC.feedback(json.dumps(view).encode(), NOW) == Rejected("ignored", "action 'view' is not in the grade map")
 

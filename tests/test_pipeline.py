@@ -174,3 +174,19 @@ def test_late_feedback_is_counted_not_applied():
     pipeline = run(stream)
     assert pipeline.events[("feedback", "late")] == 1
     assert next(v for v in pipeline.views() if v.window == "1h").queries_judged == 0
+
+
+def test_a_flooded_query_dead_letters_what_exceeds_the_cap():
+    now_ms = int(NOW_S * 1000)
+    settings = config.load(None, {"RANKMETER_LIMITS_MAX_EVENTS_PER_QUERY": "3"})
+    bus, letters = Bus(partitions=1), []
+    bus.send(IMPRESSIONS, b"q", json.dumps({"query_id": "q", "ranker": "a", "timestamp": now_ms, "results": ["x"]}).encode())
+    for i in range(5):
+        bus.send(FEEDBACK, b"q", json.dumps({"query_id": "q", "action": "click", "doc_id": "x",
+                                            "timestamp": now_ms, "event_id": str(i)}).encode())
+    pipeline = Pipeline(settings, MemoryStore(), lambda r, why: letters.append(why), Clock())
+    bus.subscribe([IMPRESSIONS, FEEDBACK], pipeline.assign, pipeline.revoke)
+    pipeline.process(bus.poll(0, 100))
+    assert pipeline.events[("feedback", "applied")] == 3
+    assert pipeline.events[("feedback", "invalid")] == 2
+    assert letters == ["query 'q' already has 3 feedback events (limits.max_events_per_query)"] * 2

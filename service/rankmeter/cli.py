@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from rankmeter import __version__
 from rankmeter.engine import parse_all
@@ -114,37 +115,6 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import redis
-    from kafka.errors import KafkaError
-
-    from rankmeter import config, logs
-    from rankmeter.kafka_source import KafkaSource, TopicMismatch
-    from rankmeter.redis_store import RedisStore
-    from rankmeter.serve import create_topics, run
-
-    try:
-        settings = config.load(args.config)
-    except config.ConfigError as e:
-        raise UsageError(str(e)) from None
-    logs.configure(settings.log_level)
-    try:
-        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
-        store.ping()
-        if args.create_topics:
-            create_topics(settings, args.create_topics)
-        source = KafkaSource(settings.kafka)
-        source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
-    except redis.RedisError as e:
-        raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
-    except KafkaError as e:
-        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
-    except TopicMismatch as e:
-        raise ServiceError(str(e)) from None
-    run(settings, source, store)
-    return 0
-
-
 def _settings(args: argparse.Namespace):
     from rankmeter import config
 
@@ -154,10 +124,53 @@ def _settings(args: argparse.Namespace):
         raise UsageError(str(e)) from None
 
 
+@contextmanager
+def _reaching(settings) -> Iterator[None]:
+    """Turns a service that cannot be reached at start into one line (ServiceError)."""
+    import redis
+    from kafka.errors import KafkaError
+
+    from rankmeter.kafka_source import TopicMismatch
+
+    try:
+        yield
+    except redis.RedisError as e:
+        raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
+    except KafkaError as e:
+        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+    except TopicMismatch as e:
+        raise ServiceError(str(e)) from None
+
+
+def _connect(settings, create_topics: int | None):
+    """The real store and source, checked: Redis answers, the topics are co-partitioned."""
+    from rankmeter.kafka_source import KafkaSource
+    from rankmeter.redis_store import RedisStore
+    from rankmeter.serve import create_topics as create
+
+    with _reaching(settings):
+        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+        store.ping()
+        if create_topics:
+            create(settings, create_topics)
+        source = KafkaSource(settings.kafka)
+        source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
+    return store, source
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from rankmeter import logs
+    from rankmeter.serve import run
+
+    settings = _settings(args)
+    logs.configure(settings.log_level)
+    store, source = _connect(settings, args.create_topics)
+    run(settings, source, store)
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     import json
-
-    from kafka.errors import KafkaError
 
     from rankmeter import logs
     from rankmeter.demo import kafka_sender
@@ -166,12 +179,10 @@ def _simulate(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     logs.configure(settings.log_level)
-    try:
+    with _reaching(settings):
         if args.create_topics:
             create_topics(settings, args.create_topics)
         send = kafka_sender(settings)
-    except KafkaError as e:
-        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
     simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at)
     duration = args.duration if args.duration is not None or args.count is not None else 60.0
     sent = simulator.run(send, args.rate, duration=duration, count=args.count)
@@ -183,28 +194,15 @@ def _simulate(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import os
 
-    import redis
-    from kafka.errors import KafkaError
-
     from rankmeter import logs
     from rankmeter.demo import demo, embedded, kafka_sender
 
     settings = _settings(args)
     logs.configure("WARNING")  # the table is the output
     if os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("RANKMETER_REDIS_URL"):
-        from rankmeter.kafka_source import KafkaSource
-        from rankmeter.redis_store import RedisStore
-        from rankmeter.serve import create_topics
-
-        try:
-            store = RedisStore(settings.redis.url, settings.redis.key_prefix)
-            store.ping()
-            create_topics(settings, 4)
-            source, send = KafkaSource(settings.kafka), kafka_sender(settings)
-        except redis.RedisError as e:
-            raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
-        except KafkaError as e:
-            raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+        store, source = _connect(settings, create_topics=4)
+        with _reaching(settings):
+            send = kafka_sender(settings)
         mode = f"Kafka {settings.kafka.bootstrap_servers} + Redis"
     else:
         source, store, send = embedded(settings)
@@ -217,12 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run_command(args)
-    except (InputError, UsageError) as e:
+    except (InputError, UsageError, ServiceError) as e:
         print(f"rankmeter {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except ServiceError as e:
-        print(f"rankmeter {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(e, ServiceError) else 2
     except BrokenPipeError:  # `rankmeter eval ... | head`
         return 0
     except KeyboardInterrupt:

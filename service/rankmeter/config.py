@@ -67,6 +67,7 @@ class Windows(msgspec.Struct, forbid_unknown_fields=True):
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_results: int = 1000
+    max_events_per_query: int = 10_000  # further feedback for the query is dead-lettered
     max_rankers: int = 20     # further rankers are folded into `other`
     max_segments: int = 20    # so are further segment values
     ubi_ranker_attribute: str = "ranker"
@@ -220,7 +221,7 @@ def _check(s: Settings) -> None:
         fail("metrics.port", f"{s.metrics.port} is not a TCP port")
     if not s.redis.url.startswith(("redis://", "rediss://", "unix://")):
         fail("redis.url", "must start with redis://, rediss:// or unix://")
-    for name in ("max_results", "max_rankers", "max_segments"):
+    for name in ("max_results", "max_events_per_query", "max_rankers", "max_segments"):
         if getattr(s.limits, name) < 1:
             fail(f"limits.{name}", "must be at least 1")
     if s.kafka.max_poll_records < 1:

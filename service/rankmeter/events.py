@@ -59,9 +59,10 @@ class _NativeImpression(msgspec.Struct):
 class _UbiQuery(msgspec.Struct):
     query_id: str
     timestamp: str | int
-    query_response_hit_ids: list[str] | None = None
-    query_response_object_ids: list[str] | None = None   # older spellings
-    query_response_objects_ids: list[str] | None = None
+    # Object ids are strings in the spec; numeric ones (SKUs, ISBNs) are taken as text.
+    query_response_hit_ids: list[str | int] | None = None
+    query_response_object_ids: list[str | int] | None = None   # older spellings
+    query_response_objects_ids: list[str | int] | None = None
     application: str | None = None
     query_attributes: dict[str, Any] | None = None
     user_query: str | None = None
@@ -80,7 +81,7 @@ class _NativeFeedback(msgspec.Struct):
 
 
 class _UbiObject(msgspec.Struct):
-    object_id: str | None = None
+    object_id: str | int | None = None
 
 
 class _UbiPosition(msgspec.Struct):
@@ -151,7 +152,7 @@ class Decoder:
             return Rejected("invalid", f"UBI query has no ranker: neither query_attributes."
                                        f"{self.ranker_attribute} nor application is a non-empty string")
         segment = attributes.get("segment")
-        return self._impression(ubi.query_id, ranker, ubi.timestamp, hits,
+        return self._impression(ubi.query_id, ranker, ubi.timestamp, [str(h) for h in hits],
                                 segment if isinstance(segment, str) else "", now_ms)
 
     def _impression(self, query_id: str, ranker: str, timestamp: str | int, results: list[str],
@@ -194,6 +195,7 @@ class Decoder:
             return Rejected("invalid", _why(e, "UBI event"))
         attributes = ubi.event_attributes or _UbiEventAttributes()
         doc_id = attributes.object.object_id if attributes.object else None
+        doc_id = str(doc_id) if doc_id is not None else None
         position = attributes.position.ordinal if attributes.position else None
         if doc_id is None and self._known(ubi.action_name):
             return Rejected("invalid", "UBI event has no event_attributes.object.object_id")

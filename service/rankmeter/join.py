@@ -27,7 +27,7 @@ class QueryRecord(msgspec.Struct, array_like=True):
     explicit: dict[str, Judgment] = {}  # document -> latest judgment (shown or not)
     clicked: list[str] = []          # shown documents clicked, in click order
     clicks: int = 0
-    event_ids: list[str] = []        # feedback already counted (idempotency)
+    event_ids: set[str] = set()      # feedback already counted (idempotency)
     pending: list[Feedback] = []     # feedback that came before its impression
     contribution: bytes = b""        # what the query adds to its window bucket now (float64s)
 
@@ -53,11 +53,16 @@ def apply_impression(record: QueryRecord, impression: Impression, attribution_ms
     return "applied", [(_apply(record, fb, attribution_ms), fb.doc_id) for fb in waiting]
 
 
-def apply_feedback(record: QueryRecord, feedback: Feedback, attribution_ms: int) -> str:
-    """`applied`, `duplicate`, `pending` (no impression yet), `late` or `unmatched`."""
+def apply_feedback(record: QueryRecord, feedback: Feedback, attribution_ms: int,
+                   max_events: int = 10_000) -> str:
+    """`applied`, `duplicate`, `pending` (no impression yet), `late`, `unmatched`, or
+    `flooded` when the query already had `max_events` feedback events (a runaway or
+    hostile producer must not grow one record without bound)."""
     if feedback.event_id in record.event_ids:
         return "duplicate"
-    record.event_ids.append(feedback.event_id)
+    if len(record.event_ids) >= max_events:
+        return "flooded"
+    record.event_ids.add(feedback.event_id)
     if record.impression is None:
         record.pending.append(feedback)
         return "pending"

@@ -68,6 +68,7 @@ class Pipeline:
         over_all = names if settings.evaluation.empty_query_policy == "zero" else ONLINE_SIGNALS
         self.layout = Layout(names, over_all, distributed=[str(m) for m in self.measures])
         self.level = settings.evaluation.relevance_level
+        self.max_events = settings.limits.max_events_per_query
         self.attribution_ms = duration_ms(settings.windows.attribution) + duration_ms(settings.windows.grace)
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
         # Buckets are kept while feedback can still change them and a window shows them.
@@ -114,7 +115,7 @@ class Pipeline:
     def process(self, records: list[Record]) -> dict[tuple[str, int], int]:
         """Apply one poll batch and persist it; returns the offsets to commit to Kafka."""
         now_ms = int(self.clock() * 1000)
-        work: dict[int, list[Impression | Feedback]] = {}
+        work: dict[int, list[tuple[Record, Impression | Feedback]]] = {}
         advanced: dict[int, dict[str, int]] = {}
         for r in records:
             ps = self.partitions.get(r.partition)
@@ -132,7 +133,7 @@ class Pipeline:
                 if event.outcome == "invalid":
                     self.dead_letter(r, event.reason)
                 continue
-            work.setdefault(r.partition, []).append(event)
+            work.setdefault(r.partition, []).append((r, event))
 
         expired = self._sweep(now_ms)
         self._load_records(work, expired)
@@ -163,7 +164,7 @@ class Pipeline:
         for p, events in list(work.items()) + list(expired.items()):
             cache = self.partitions[p].records
             for e in events:
-                qid = e if isinstance(e, str) else e.query_id
+                qid = e if isinstance(e, str) else e[1].query_id
                 if qid not in cache:
                     wanted.setdefault(p, []).append(qid)
         if not wanted:
@@ -174,7 +175,7 @@ class Pipeline:
             for qid, data in zip(dict.fromkeys(wanted[p]), found):
                 cache[qid] = decode(data) if data is not None else QueryRecord()
 
-    def _join(self, work: dict[int, list[Impression | Feedback]]
+    def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
               ) -> tuple[dict[_Touched, QueryRecord], dict[_Touched, set[str] | None]]:
         """Apply events to their records. `changed` holds, per query with an impression,
         the documents whose grade may have changed (None: evaluate from scratch)."""
@@ -183,7 +184,7 @@ class Pipeline:
         count = self.events
         for p, events in work.items():
             cache = self.partitions[p].records
-            for event in events:
+            for source, event in events:
                 key = _Touched(p, event.query_id)
                 record = cache[event.query_id]
                 touched[key] = record
@@ -197,7 +198,11 @@ class Pipeline:
                         for fb_outcome, _ in waiting:
                             count[("feedback", fb_outcome)] += 1
                 else:
-                    outcome = apply_feedback(record, event, self.attribution_ms)
+                    outcome = apply_feedback(record, event, self.attribution_ms, self.max_events)
+                    if outcome == "flooded":
+                        outcome = "invalid"
+                        self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
+                                                 f"feedback events (limits.max_events_per_query)")
                     count[("feedback", outcome)] += 1
                     if outcome == "applied" and key not in changed:
                         changed[key] = set()
