@@ -104,10 +104,15 @@ def overview() -> dict:
                     "{{ranker}} {{population}}")], 12, 22, unit="short",
                   description="All queries, and those with a relevant document known (judged)."),
             panel("Distribution of per-query nDCG@10",
-                  [('sum by (le) (rankmeter_quality_distribution{metric="nDCG@10", ranker=~"$ranker", window="$window"})',
-                    "{{le}}")], 0, 30, 24, 8, kind="bargauge", unit="short",
+                  [('sum by (le) (rankmeter_query_quality_bucket{metric="nDCG@10", ranker=~"$ranker", window="$window"})',
+                    "{{le}}")], 0, 30, 12, 8, kind="bargauge", unit="short",
                   description="Judged queries whose nDCG@10 is at most `le` (cumulative).",
                   options={"displayMode": "gradient", "orientation": "vertical"}),
+            panel("Median and 10th percentile of per-query nDCG@10",
+                  [(f'histogram_quantile({q}, sum by (ranker, le) (rankmeter_query_quality_bucket{{metric="nDCG@10", '
+                    f'ranker=~"$ranker", window="$window"}}))', f"{{{{ranker}}}} p{int(q * 100)}") for q in (0.5, 0.1)],
+                  12, 30, unit="percentunit",
+                  description="Interpolated within tenths: a falling p10 with a steady median means some queries broke."),
         ],
         variables("datasource", "ranker", "window", "metric"))
 

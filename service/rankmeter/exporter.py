@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily,
+                                   Metric)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from rankmeter.pipeline import Pipeline
@@ -66,15 +67,15 @@ class PipelineCollector:
             "rankmeter_quality{average=\"macro\"}: with the numerator and denominator it gives "
             "the variance behind an A/B confidence interval.",
             labels=["metric", "ranker", "segment", "window"])
-        distribution = GaugeMetricFamily(
-            "rankmeter_quality_distribution", "Queries averaged in rankmeter_quality{average=\"macro\"} "
-            "whose value is at most `le` (cumulative, like a histogram's buckets).",
-            labels=["metric", "ranker", "segment", "window", "le"])
+        distribution = GaugeHistogramMetricFamily(
+            "rankmeter_query_quality", "Distribution of the per-query values averaged in "
+            "rankmeter_quality{average=\"macro\"}: queries with a value at most `le`.",
+            labels=["metric", "ranker", "segment", "window"])
         for view in self.pipeline.views():
             base = [view.ranker, view.segment, view.window]
             for metric, counts in view.distributions.items():
-                for edge, cumulative in zip(BIN_EDGES, itertools.accumulate(counts)):
-                    distribution.add_metric([metric, *base, edge], cumulative)
+                buckets = list(zip(BIN_EDGES, itertools.accumulate(counts)))
+                distribution.add_metric([metric, *base], buckets, gsum_value=view.sums[metric].value_sum)
             queries.add_metric(base + ["all"], view.queries_all)
             queries.add_metric(base + ["judged"], view.queries_judged)
             for metric, s in view.sums.items():
