@@ -92,7 +92,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             health.beat()
             if records:
                 started = time.perf_counter()
-                offsets = pipeline.process(records)
+                try:
+                    offsets = pipeline.process(records)
+                except Exception:
+                    # Memory may now be ahead of the store: only a restart, which resumes from
+                    # the stored state and offsets, is safe.
+                    log.exception("a batch failed; exiting so that a restart resumes from the stored offsets")
+                    raise
                 exporter.batch_duration.observe(time.perf_counter() - started)
                 exporter.batch_records.observe(len(records))
                 source.commit(offsets)
