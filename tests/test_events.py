@@ -114,3 +114,41 @@ def test_garbage_and_unknown_actions():
     strict = Decoder(config.load(None, {"RANKMETER_EVALUATION_REJECT_UNKNOWN_ACTIONS": "true"}))
     assert strict.feedback(json.dumps({"query_id": "q", "action": "wishlist", "doc_id": "d",
                                        "timestamp": NOW}).encode(), NOW) == Rejected("invalid", "unknown action 'wishlist'")
+
+
+# ---- hostile input: nothing a producer sends may raise --------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20)
+FIELDS = ["query_id", "ranker", "timestamp", "results", "action", "doc_id", "grade", "position", "dwell_ms",
+          "event_id", "action_name", "query_response_hit_ids", "event_attributes", "query_attributes", "segment"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_are_rejected_not_raised(data):
+    for decode in (DEC.impression, DEC.feedback):
+        got = decode(data, NOW)
+        assert isinstance(got, (Impression, Feedback, Rejected))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8))
+def test_arbitrary_json_objects_are_decoded_or_rejected_with_a_reason(fields):
+    data = json.dumps(fields).encode()
+    for decode in (DEC.impression, DEC.feedback):
+        got = decode(data, NOW)
+        assert isinstance(got, (Impression, Feedback, Rejected))
+        if isinstance(got, Rejected):
+            assert got.outcome in ("invalid", "ignored") and got.reason
+
+
+def test_deeply_nested_json_is_rejected():
+    data = b'{"query_id": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    assert DEC.impression(data, NOW) == Rejected("invalid", "impression: Expected `str`, got `array` - at `$.query_id`")
+    assert DEC.feedback(b"[" * 100_000, NOW) == Rejected("invalid", "feedback event: Expected `object`, got `array`")

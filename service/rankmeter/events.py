@@ -125,6 +125,12 @@ class Decoder:
     # -- impressions --
 
     def impression(self, value: bytes | None, now_ms: int) -> Impression | Rejected:
+        return _never_raising(self._impression_message, value, now_ms)
+
+    def feedback(self, value: bytes | None, now_ms: int) -> Feedback | Rejected:
+        return _never_raising(self._feedback_message, value, now_ms)
+
+    def _impression_message(self, value: bytes | None, now_ms: int) -> Impression | Rejected:
         if value is None:
             return Rejected("invalid", "empty message (no value)")
         try:
@@ -172,7 +178,7 @@ class Decoder:
 
     # -- feedback --
 
-    def feedback(self, value: bytes | None, now_ms: int) -> Feedback | Rejected:
+    def _feedback_message(self, value: bytes | None, now_ms: int) -> Feedback | Rejected:
         if value is None:
             return Rejected("invalid", "empty message (no value)")
         try:
@@ -244,7 +250,7 @@ class Decoder:
         # Validation can stop before the end of the document: the rest may not be JSON.
         try:
             return self._any.decode(value)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
 
     def _timestamp(self, timestamp: str | int, now_ms: int) -> int | Rejected:
@@ -263,6 +269,16 @@ class Decoder:
         if ms > now_ms + self.max_future_ms:
             return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
         return ms
+
+
+def _never_raising(decode, value: bytes | None, now_ms: int):
+    """A message must never stop the stream: whatever decoding raises is a rejection."""
+    try:
+        return decode(value, now_ms)
+    except RecursionError:
+        return Rejected("invalid", "JSON nested too deeply")
+    except Exception as e:  # a bug in our checks must not become a crash loop either
+        return Rejected("invalid", f"cannot decode: {e.__class__.__name__}: {e}")
 
 
 def _check_query_id(query_id: str) -> str | None:
