@@ -98,3 +98,44 @@ def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstra
     assert len(expected) > 100
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def summed(processes: list[Serve]) -> dict:
+    """What PromQL's sum by (…) over the replicas gives: numerators and denominators add up."""
+    total: dict = {}
+    for serve in processes:
+        for key, value in aggregates(serve).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def test_two_replicas_split_the_partitions_and_sum_to_one_replica(kafka_bootstrap, redis_url, tmp_path):
+    topics = unique_topics(kafka_bootstrap)
+    impressions, feedback = stream(seed=8, queries=2000, now=int(time.time() * 1000))
+    produce(kafka_bootstrap, topics.feedback, feedback[: len(feedback) // 3])
+    produce(kafka_bootstrap, topics.impressions, impressions)
+    produce(kafka_bootstrap, topics.feedback, feedback[len(feedback) // 3:])
+
+    group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
+    replicas = [Serve(kafka_bootstrap, redis_url, topics, group, prefix, FAST_FAILOVER,
+                      log_path=tmp_path / f"replica-{i}.log").start() for i in range(2)]
+    try:
+        def split_and_caught_up() -> bool:
+            held = [v for r in replicas for (name, _), v in r.metrics().items() if name == "rankmeter_assigned_partitions"]
+            lags = [v for r in replicas for (name, _), v in r.metrics().items() if name == "rankmeter_consumer_lag"]
+            return held == [2, 2] and len(lags) == 8 and sum(lags) == 0
+        wait_until(split_and_caught_up, 180, "two replicas to share the partitions and catch up")
+        time.sleep(2)  # the lag gauge is sampled every second: let the last batch land
+        got = summed(replicas)
+    finally:
+        for r in replicas:
+            r.stop()
+
+    single = Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
+                   log_path=tmp_path / "single.log").start()
+    wait_until(lambda: caught_up(single), 180, "the single replica to catch up")
+    expected = aggregates(single)
+    single.stop()
+    assert got.keys() == expected.keys() and len(expected) > 100
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
