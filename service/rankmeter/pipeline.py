@@ -159,20 +159,22 @@ class Pipeline:
                 expired[p] = qids
         return expired
 
-    def _load_records(self, work: dict[int, list], expired: dict[int, list[str]]) -> None:
-        wanted: dict[int, list[str]] = {}
-        for p, events in list(work.items()) + list(expired.items()):
-            cache = self.partitions[p].records
-            for e in events:
-                qid = e if isinstance(e, str) else e[1].query_id
-                if qid not in cache:
-                    wanted.setdefault(p, []).append(qid)
+    def _load_records(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
+                      expired: dict[int, list[str]]) -> None:
+        """Bring the records the batch needs (and the expired ones, to count orphans) into
+        the cache: one read for all partitions."""
+        needed = {p: [event.query_id for _, event in items] for p, items in work.items()}
+        for p, qids in expired.items():
+            needed.setdefault(p, []).extend(qids)
+        wanted = {p: [q for q in dict.fromkeys(qids) if q not in self.partitions[p].records]
+                  for p, qids in needed.items()}
+        wanted = {p: qids for p, qids in wanted.items() if qids}
         if not wanted:
             return
         decode = self._record_codec[1].decode
-        for p, found in self.store.read({p: list(dict.fromkeys(q)) for p, q in wanted.items()}).items():
+        for p, found in self.store.read(wanted).items():
             cache = self.partitions[p].records
-            for qid, data in zip(dict.fromkeys(wanted[p]), found):
+            for qid, data in zip(wanted[p], found):
                 cache[qid] = decode(data) if data is not None else QueryRecord()
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
@@ -249,8 +251,7 @@ class Pipeline:
         deltas = contributions - previous.reshape(contributions.shape)
 
         # Sum the deltas per bucket first: a batch touches few buckets and many queries.
-        buckets = [(k.partition, BucketKey(r.ranker_label, r.segment_label,
-                                           r.impression.timestamp_ms // MINUTE_MS))
+        buckets = [(k.partition, r.ranker_label, r.segment_label, r.impression.timestamp_ms // MINUTE_MS)
                    for k, r in zip(keys, records)]
         index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
         totals = np.zeros((len(index), self.layout.size))
@@ -259,7 +260,8 @@ class Pipeline:
             record.contribution = new.tobytes()
         dirty: dict[int, set[BucketKey]] = {}
         with self.lock:
-            for (p, bucket), i in index.items():
+            for (p, *key), i in index.items():
+                bucket = BucketKey(*key)
                 sums = self.partitions[p].buckets.get(bucket)
                 if sums is None:
                     sums = self.partitions[p].buckets[bucket] = np.zeros(self.layout.size)

@@ -50,18 +50,22 @@ class QueryState:
     def from_grades(cls, ranking: Sequence[str], grades: Mapping[str, float],
                     relevance_level: float = 1, shown_grade: float | None = None) -> QueryState:
         """Build the state in one go: the reference the incremental path must equal, and
-        the fast path of `rankmeter eval` (one sort, no per-grade updates)."""
+        the fast path for a new query (one sort, no per-grade updates)."""
         state = cls.__new__(cls)
-        state.ranking = first_occurrences(ranking)
-        state.rank_of = dict(zip(state.ranking, range(len(state.ranking))))
+        rank_of = dict(zip(ranking, range(len(ranking))))
+        if len(rank_of) != len(ranking):  # repeated ids: each keeps its first rank
+            ranking = first_occurrences(ranking)
+            rank_of = dict(zip(ranking, range(len(ranking))))
+        state.ranking = list(ranking)
+        state.rank_of = rank_of
         state.relevance_level = relevance_level
-        all_grades = dict.fromkeys(state.ranking, shown_grade) if shown_grade is not None else {}
-        all_grades.update(grades)
-        state.grades = {doc: float(g) for doc, g in all_grades.items()}
-        row = [state.grades.get(doc) for doc in state.ranking]
+        known = dict.fromkeys(ranking, float(shown_grade)) if shown_grade is not None else {}
+        known.update((doc, float(g)) for doc, g in grades.items())
+        state.grades = known
+        row = list(map(known.get, ranking))
         state.row_judged = [g is not None for g in row]
         state.row_grades = [0.0 if g is None else g for g in row]
-        values = sorted(state.grades.values())
+        values = sorted(known.values())
         state.num_rel = len(values) - bisect.bisect_left(values, relevance_level)
         state.num_nonrel = len(values) - state.num_rel
         state.ideal_ascending = values[bisect.bisect_right(values, 0.0):]
