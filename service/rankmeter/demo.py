@@ -9,6 +9,7 @@ RANKMETER_REDIS_URL are set (`make demo-full`).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -57,6 +58,10 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
     """Run until `duration` (or Ctrl-C); returns the last views of the smallest window."""
     stop = threading.Event()
     started: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C, or SIGTERM from `docker stop` or a supervisor: stop cleanly either way.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
 
     def on_start(pipeline: Pipeline, port: int) -> None:
         started.update(pipeline=pipeline, port=port)
@@ -77,8 +82,8 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
     began, last_total, last_t = time.monotonic(), 0, time.monotonic()
     views: list[WindowView] = []
     try:
-        while traffic.is_alive() or _lagging(pipeline, source):
-            time.sleep(refresh_s)
+        while (traffic.is_alive() or _lagging(pipeline, source)) and not stop.is_set():
+            stop.wait(refresh_s)
             total, now = sum(pipeline.events.values()), time.monotonic()
             views = pipeline.views()
             header = (f"rankmeter demo — {mode} — window {window} — {int(now - began)} s — "
@@ -88,8 +93,6 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
             table = render(views, window, simulator.truth.means(), header, simulator.rankers[0].name)
             out.write(("\x1b[H\x1b[2J" + table + "\n") if interactive else table + "\n\n")
             out.flush()
-    except KeyboardInterrupt:
-        pass
     finally:
         stop.set()
         traffic.join(timeout=10)
