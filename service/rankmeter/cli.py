@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="share of queries answered by bm25-tuned (default 0.5)")
     sim.add_argument("--truth", action="store_true",
                      help="print the true nDCG@10, P@10 and AP per ranker from the hidden grades at the end")
-    sim.add_argument("--create-topics", type=int, metavar="PARTITIONS",
-                     help="create the topics with this many partitions when missing")
+    sim.add_argument("--create-topics", type=int, default=4, metavar="PARTITIONS",
+                     help="partitions of the topics it creates when they are missing (default 4; 0: create none)")
     sim.set_defaults(run_command=_simulate)
 
     dm = commands.add_parser(
@@ -171,6 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     import json
+    import logging
 
     from rankmeter import logs
     from rankmeter.demo import kafka_sender
@@ -185,7 +186,10 @@ def _simulate(args: argparse.Namespace) -> int:
         send = kafka_sender(settings)
     simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at)
     duration = args.duration if args.duration is not None or args.count is not None else 60.0
-    sent = simulator.run(send, args.rate, duration=duration, count=args.count)
+    log = logging.getLogger("rankmeter.simulate")
+    sent = simulator.run(send, args.rate, duration=duration, count=args.count,
+                         progress=lambda n, t: log.info("progress", extra={"events": n, "seconds": round(t),
+                                                                           "per_second": round(n / t)}))
     send.flush()
     print(json.dumps({"events": sent, "truth": simulator.truth.means()} if args.truth else {"events": sent}))
     return 0

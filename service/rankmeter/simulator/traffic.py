@@ -140,11 +140,14 @@ class Simulator:
 
     def run(self, send: Callable[[Event], None], rate: float, duration: float | None = None,
             count: int | None = None, stop: Callable[[], bool] = lambda: False,
-            clock: Callable[[], float] = time.time) -> int:
+            clock: Callable[[], float] = time.time,
+            progress: Callable[[int, float], None] | None = None) -> int:
         """Send events at about `rate` per second until `duration` seconds or `count`
-        events have passed, or `stop()` says so. Returns the number sent."""
+        events have passed, or `stop()` says so; `progress(sent, elapsed)` every 10 s.
+        Returns the number sent."""
         start = clock()
         sent = 0
+        reported = start
         while not stop():
             elapsed = clock() - start
             if (duration is not None and elapsed >= duration) or (count is not None and sent >= count):
@@ -152,6 +155,9 @@ class Simulator:
             for event in self.query_events(int(clock() * 1000), elapsed):
                 send(event)
                 sent += 1
+            if progress is not None and clock() - reported >= 10:
+                reported = clock()
+                progress(sent, reported - start)
             ahead = sent / rate - (clock() - start)
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
