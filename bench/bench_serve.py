@@ -30,19 +30,23 @@ from kafka import KafkaConsumer, KafkaProducer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 from serving import Serve, unique_topics  # noqa: E402  (the test harness's process wrapper)
 
+from rankmeter import config  # noqa: E402
+from rankmeter.pipeline import Pipeline  # noqa: E402
+from rankmeter.source import Bus  # noqa: E402
+from rankmeter.store import MemoryStore  # noqa: E402
 
-def produce_stream(bootstrap: str, topics, events: int, seed: int = 1) -> int:
+
+def stream(events: int, seed: int = 1):
+    """(stream, key, value) of `events` events: impressions of 10 results, then 1–7
+    clicks, add-to-carts, purchases or judgments each."""
     rnd = random.Random(seed)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=256 * 1024)
     now = int(time.time() * 1000)
-    sent = 0
-    q = 0
+    sent = q = 0
     while sent < events:
         qid = f"q{q}"
         results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
-        key = qid.encode()
-        producer.send(topics.impressions, key=key, value=json.dumps(
-            {"query_id": qid, "ranker": f"bm25-{q % 2}", "timestamp": now, "results": results}).encode())
+        yield "impressions", qid.encode(), json.dumps(
+            {"query_id": qid, "ranker": f"bm25-{q % 2}", "timestamp": now, "results": results}).encode()
         sent += 1
         for i in range(rnd.randint(1, 7)):
             doc = rnd.choice(results)
@@ -51,15 +55,40 @@ def produce_stream(bootstrap: str, topics, events: int, seed: int = 1) -> int:
             else:
                 event = {"action": rnd.choice(("click", "click", "click", "add_to_cart", "purchase")),
                          "dwell_ms": rnd.randrange(60_000)}
-            producer.send(topics.feedback, key=key, value=json.dumps(
-                {"query_id": qid, "doc_id": doc, "timestamp": now, "event_id": f"{qid}-{i}", **event}).encode())
+            yield "feedback", qid.encode(), json.dumps(
+                {"query_id": qid, "doc_id": doc, "timestamp": now, "event_id": f"{qid}-{i}", **event}).encode()
             sent += 1
         q += 1
-        if q % 20_000 == 0:
+
+
+def produce_stream(bootstrap: str, topics, events: int) -> int:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=256 * 1024)
+    sent = 0
+    for kind, key, value in stream(events):
+        producer.send(getattr(topics, kind), key=key, value=value)
+        sent += 1
+        if sent % 100_000 == 0:
             print(f"  produced {sent}", file=sys.stderr)
     producer.flush()
     producer.close()
     return sent
+
+
+def pipeline_alone(events: int) -> float:
+    """The pipeline with neither Kafka nor Redis (in-process bus, in-memory store): what
+    decoding, joining, evaluating and aggregating cost by themselves."""
+    settings = config.load(None, {})
+    bus = Bus(partitions=4)
+    for kind, key, value in stream(events):
+        bus.send(settings.kafka.impressions_topic if kind == "impressions" else settings.kafka.feedback_topic,
+                 key, value)
+    pipeline = Pipeline(settings, MemoryStore(), lambda record, reason: None)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    batches = list(iter(lambda: bus.poll(0, 5000), []))
+    started = time.perf_counter()
+    for batch in batches:
+        pipeline.process(batch)
+    return sum(map(len, batches)) / (time.perf_counter() - started)
 
 
 def bare_consume(bootstrap: str, topics, total: int) -> float:
@@ -111,20 +140,26 @@ def main() -> int:
     topics = unique_topics(bootstrap, partitions=4)
     print(f"producing {args.events} events into {topics.impressions} / {topics.feedback} ...", file=sys.stderr)
     total = produce_stream(bootstrap, topics, args.events)
-    rates: dict[str, list[float]] = {"bare": [], "serve": [], "serve_x2": []}
+    rates: dict[str, list[float]] = {"bare": [], "serve": [], "serve_x2": [], "pipeline": []}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     for i in range(args.rounds):
         rates["bare"].append(bare_consume(bootstrap, topics, total))
         rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x1"))
         rates["serve_x2"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
+        rates["pipeline"].append(pipeline_alone(min(total, 200_000)))
         print(f"round {i + 1}/{args.rounds}: bare kafka-python {rates['bare'][-1]:,.0f}/s, "
-              f"rankmeter serve {rates['serve'][-1]:,.0f}/s, two replicas {rates['serve_x2'][-1]:,.0f}/s",
+              f"rankmeter serve {rates['serve'][-1]:,.0f}/s, two replicas {rates['serve_x2'][-1]:,.0f}/s, "
+              f"pipeline alone {rates['pipeline'][-1]:,.0f}/s",
               file=sys.stderr)
-    bare, one, two = (statistics.median(rates[k]) for k in ("bare", "serve", "serve_x2"))
+    bare, one, two, alone = (statistics.median(rates[k]) for k in ("bare", "serve", "serve_x2", "pipeline"))
     print(f"events={total} partitions=4 rounds={args.rounds}")
     print(f"bare_kafka_python_events_per_second={bare:.0f}")
     print(f"rankmeter_serve_events_per_second={one:.0f}")
     print(f"rankmeter_serve_two_replicas_events_per_second={two:.0f}")
+    print(f"pipeline_alone_events_per_second={alone:.0f}")
+    # One process does both halves in turn: consuming as the bare client does, then the
+    # pipeline. Their rates bound what it can reach: 1 / (1/bare + 1/alone).
+    print(f"single_process_bound_events_per_second={1 / (1 / bare + 1 / alone):.0f}")
     print(f"ratio={one / bare:.2f}")
     print(f"ratio_two_replicas={two / bare:.2f}")
     return 0
