@@ -32,6 +32,7 @@ from serving import Serve, unique_topics  # noqa: E402  (the test harness's proc
 
 from rankmeter import config  # noqa: E402
 from rankmeter.pipeline import Pipeline  # noqa: E402
+from rankmeter.serve import tune_gc  # noqa: E402
 from rankmeter.source import Bus  # noqa: E402
 from rankmeter.store import MemoryStore  # noqa: E402
 
@@ -77,6 +78,7 @@ def produce_stream(bootstrap: str, topics, events: int) -> int:
 def pipeline_alone(events: int) -> float:
     """The pipeline with neither Kafka nor Redis (in-process bus, in-memory store): what
     decoding, joining, evaluating and aggregating cost by themselves."""
+    tune_gc()  # as `rankmeter serve` does
     settings = config.load(None, {})
     bus = Bus(partitions=4)
     for kind, key, value in stream(events):
