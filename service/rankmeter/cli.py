@@ -1,4 +1,4 @@
-"""The `rankmeter` command: `serve`, `demo`, `simulate`, `eval`."""
+"""The `rankmeter` command: `serve`, `demo`, `simulate`, `eval`, `report`."""
 
 from __future__ import annotations
 
@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--config", metavar="FILE", help="YAML settings file")
     _traffic_options(dm, rate=500.0)
     dm.set_defaults(run_command=_demo)
+
+    rp = commands.add_parser(
+        "report", help="print the current aggregates from Redis (no Kafka, no Prometheus needed)",
+        description="Reads the window buckets every partition stored in Redis and prints each "
+                    "ranker's measures for one window, or every series as JSON.")
+    rp.add_argument("--config", metavar="FILE", help="YAML settings file (Redis and measures)")
+    rp.add_argument("--window", help="the window to show (default: the smallest configured)")
+    rp.add_argument("--baseline", metavar="RANKER", help="show the other rankers' differences to this one")
+    rp.add_argument("--format", choices=["table", "json"], default="table")
+    rp.set_defaults(run_command=_report)
     return parser
 
 
@@ -212,6 +222,31 @@ def _demo(args: argparse.Namespace) -> int:
         source, store, send = embedded(settings)
         mode = "embedded (in-process bus, in-memory store)"
     demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from rankmeter.demo import render
+    from rankmeter.pipeline import Pipeline
+    from rankmeter.redis_store import RedisStore
+
+    settings = _settings(args)
+    window = args.window or settings.windows.sizes[0]
+    if window not in settings.windows.sizes:
+        raise UsageError(f"--window {window}: the configured windows are {', '.join(settings.windows.sizes)}")
+    with _reaching(settings):
+        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+        pipeline = Pipeline(settings, store, dead_letter=lambda record, reason: None)
+        pipeline.assign(store.partitions())  # read-only: loads the stored buckets
+    views = pipeline.views()
+    if args.format == "json":
+        print(json.dumps([{**v._asdict(), "sums": {m: s._asdict() for m, s in v.sums.items()}}
+                          for v in views if v.window == window], indent=1))
+    else:
+        header = f"rankmeter report — {settings.redis.url} — window {window} — {len(pipeline.partitions)} partitions"
+        print(render(views, window, header, args.baseline))
     return 0
 
 

@@ -34,17 +34,20 @@ def value(view: WindowView, metric: str, average: str) -> float:
     return sums.macro() if average == "macro" else sums.micro()
 
 
-def render(views: list[WindowView], window: str, truth: dict[str, dict[str, float]], header: str,
-           baseline: str) -> str:
+def render(views: list[WindowView], window: str, header: str, baseline: str | None = None,
+           truth: dict[str, dict[str, float]] | None = None) -> str:
+    """A table per ranker of one window, the baseline first with the others' differences
+    to it; with `truth`, a last column of true nDCG@10 (the simulator's hidden grades)."""
     rows = sorted((v for v in views if v.window == window and v.segment == ""),
                   key=lambda v: (v.ranker != baseline, v.ranker))
     names = [c for c, _ in COLUMNS]
     lines = [header, "",
-             f"{'ranker':<18}{'queries':>9}" + "".join(f"{n[:11]:>12}" for n in names) + f"{'true nDCG@10':>14}"]
+             f"{'ranker':<18}{'queries':>9}" + "".join(f"{n[:11]:>12}" for n in names)
+             + (f"{'true nDCG@10':>14}" if truth is not None else "")]
     for v in rows:
-        true = truth.get(v.ranker, {}).get("nDCG@10", float("nan"))
+        true = f"{truth.get(v.ranker, {}).get('nDCG@10', float('nan')):>14.4f}" if truth is not None else ""
         lines.append(f"{v.ranker:<18}{int(v.queries_all):>9}"
-                     + "".join(f"{value(v, m, a):>12.4f}" for m, a in COLUMNS) + f"{true:>14.4f}")
+                     + "".join(f"{value(v, m, a):>12.4f}" for m, a in COLUMNS) + true)
     base = rows[0] if rows and rows[0].ranker == baseline else None
     for other in rows[1:] if base else []:
         deltas = "".join(f"{value(other, m, a) - value(base, m, a):>+12.4f}" for m, a in COLUMNS)
@@ -90,7 +93,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
                       f"{(total - last_total) / (now - last_t):,.0f} events/s — "
                       f"http://localhost:{started['port']}/metrics — Ctrl-C stops")
             last_total, last_t = total, now
-            table = render(views, window, simulator.truth.means(), header, simulator.rankers[0].name)
+            table = render(views, window, header, simulator.rankers[0].name, simulator.truth.means())
             out.write(("\x1b[H\x1b[2J" + table + "\n") if interactive else table + "\n\n")
             out.flush()
     finally:

@@ -46,6 +46,12 @@ class RedisStore:
     def ping(self) -> bool:
         return bool(self.client.ping())
 
+    def partitions(self) -> list[int]:
+        """The partitions with stored state (for `rankmeter report`)."""
+        pattern = f"{self.prefix}:{{{self.prefix}:*}}:offsets"
+        found = {int(key.decode().split(":")[-2].rstrip("}")) for key in self.client.scan_iter(match=pattern)}
+        return sorted(found)
+
     def load(self, partition: int) -> PartitionSnapshot:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.hgetall(self._key(partition, "offsets"))

@@ -3,6 +3,7 @@ a mixed stream's outcome counts and values, and the output's Prometheus hygiene.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
@@ -16,7 +17,7 @@ from kafka import KafkaConsumer
 
 from rankmeter.trec import rank
 
-from serving import Serve, produce, quality, unique_topics, wait_until
+from serving import RANKMETER, Serve, produce, quality, unique_topics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +50,9 @@ def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, t
             judgments += [(qid, {"query_id": qid, "action": "judgment", "doc_id": d, "grade": g,
                                  "timestamp": now + 1}) for d, g in qrels[qid].items()]
     random.Random(3).shuffle(judgments)  # much feedback arrives before its impression
-    with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}",
-               f"rm-{uuid.uuid4().hex[:6]}", log_path=tmp_path / "serve.log") as serve:
+    prefix = f"rm-{uuid.uuid4().hex[:6]}"
+    with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix,
+               log_path=tmp_path / "serve.log") as serve:
         produce(kafka_bootstrap, topics.feedback, judgments)
         produce(kafka_bootstrap, topics.impressions, impressions)
         events = serve.wait_for_events(len(impressions) + len(judgments) + len(judgments))
@@ -80,6 +82,17 @@ def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, t
         hits = sum(sum(1 for d in rank(run[q])[:10] if qrels[q].get(d, 0) >= 1) for q in judged)
         relevant = sum(sum(1 for g in qrels[q].values() if g >= 1) for q in judged)
         assert quality(metrics, "R@10", ranker, average="micro") == pytest.approx(hits / relevant, abs=1e-12)
+
+    # `rankmeter report` reads the same aggregates back from Redis, with serve stopped.
+    out = subprocess.run([RANKMETER, "report", "--format", "json", "--window", "1h"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "RANKMETER_REDIS_URL": redis_url,
+                              "RANKMETER_REDIS_KEY_PREFIX": prefix}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    reported = {v["ranker"]: v for v in json.loads(out.stdout)}
+    assert set(reported) == set(runs)
+    for ranker in runs:
+        s = reported[ranker]["sums"]["nDCG@10"]
+        assert s["value_sum"] / s["count"] == pytest.approx(quality(metrics, "nDCG@10", ranker, "1h"), abs=1e-12)
 
 
 def ts(now_ms: int, minutes: float = 0) -> int:
