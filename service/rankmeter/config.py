@@ -104,7 +104,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     out: dict[str, Any] = {}
     section_names = sorted(SECTIONS, key=len, reverse=True)
     for var, value in environ.items():
-        if not var.startswith("RANKMETER_") or var in ("RANKMETER_CONFIG",):
+        if not var.startswith("RANKMETER_") or var == "RANKMETER_CONFIG":
             continue
         rest = var[len("RANKMETER_"):].lower()
         if rest == "log_level":
