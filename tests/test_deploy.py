@@ -40,6 +40,8 @@ def test_compose_services_ports_and_mounts():
     services = compose["services"]
     assert set(services) == {"kafka", "redis", "rankmeter", "simulator", "prometheus", "grafana"}
     for name, service in services.items():
+        if service.get("image", "").startswith("rankmeter:"):
+            assert service.get("build") == ".", f"{name} would try to pull the rankmeter image"
         for dependency in service.get("depends_on", []):
             assert dependency in services, (name, dependency)
         for volume in service.get("volumes", []):
