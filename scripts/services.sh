@@ -32,6 +32,7 @@ install() {
     command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
+    command -v curl >/dev/null || missing+=(curl)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} with apt-get"
         as_root apt-get update -qq
