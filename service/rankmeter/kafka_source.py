@@ -9,6 +9,7 @@ batch, so the usual lag tooling works.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,11 +65,16 @@ class KafkaSource:
             **common, **only(KafkaConsumer.DEFAULT_CONFIG))
         self.producer = KafkaProducer(acks="all", linger_ms=20, **common, **only(KafkaProducer.DEFAULT_CONFIG))
 
-    def check_topics(self, topics: Sequence[str]) -> int:
-        """Both topics exist with the same partition count (brief §2); returns it."""
+    def check_topics(self, topics: Sequence[str], wait_s: float = 15.0) -> int:
+        """Both topics exist with the same partition count (brief §2); returns it. Waits a
+        little for topics that were just created: their metadata takes a moment to spread."""
         counts = {}
         for topic in topics:
+            deadline = time.monotonic() + wait_s
             partitions = self.consumer.partitions_for_topic(topic)
+            while not partitions and time.monotonic() < deadline:
+                time.sleep(0.2)
+                partitions = self.consumer.partitions_for_topic(topic)
             if not partitions:
                 raise TopicMismatch(f"topic {topic!r} does not exist (create it with as many "
                                     f"partitions as the other one)")

@@ -30,6 +30,9 @@ def test_kafka_keyed_messages_in_a_consumer_group_with_committed_offsets(kafka_b
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="rankmeter-smoke")
     try:
         admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1)])
+        deadline = time.monotonic() + 30  # the controller takes a moment to publish a new topic
+        while len(admin.describe_topics([topic])[0]["partitions"]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(admin.describe_topics([topic])[0]["partitions"]) == 4
 
         producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
