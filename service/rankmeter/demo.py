@@ -85,7 +85,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
     began, last_total, last_t = time.monotonic(), 0, time.monotonic()
     views: list[WindowView] = []
     try:
-        while (traffic.is_alive() or _lagging(pipeline, source)) and not stop.is_set():
+        while (traffic.is_alive() or _lagging(source)) and not stop.is_set():
             stop.wait(refresh_s)
             total, now = sum(pipeline.events.values()), time.monotonic()
             views = pipeline.views()
@@ -103,7 +103,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
     return {v.ranker: v for v in views if v.window == window and v.segment == ""}
 
 
-def _lagging(pipeline: Pipeline, source: Source) -> bool:
+def _lagging(source: Source) -> bool:
     return isinstance(source, Bus) and sum(source.lag().values()) > 0
 
 

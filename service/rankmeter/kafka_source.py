@@ -53,7 +53,6 @@ class KafkaSource:
         common: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(","), "client_id": client_id}
         # Each client takes the settings it knows: security for both, session ones for the consumer.
         only = lambda defaults: {k: v for k, v in settings.client.items() if k in defaults}
-        self.settings = settings
         self.consumer = KafkaConsumer(
             group_id=settings.group_id,
             enable_auto_commit=False,
