@@ -74,3 +74,10 @@ def test_serve_without_services_fails_in_one_line():
     assert out.returncode == 1
     assert out.stderr.startswith("rankmeter serve: error: cannot reach Redis at redis://127.0.0.1:1/0")
     assert len(out.stderr.splitlines()) == 1
+
+
+def test_kafka_credentials_in_the_environment_stay_text():
+    s = config.load(None, {"RANKMETER_KAFKA_CLIENT": "sasl_plain_username=007,sasl_plain_password=123456,"
+                                                     "request_timeout_ms=5000"})
+    assert s.kafka.client == {"sasl_plain_username": "007", "sasl_plain_password": "123456",
+                              "request_timeout_ms": 5000}

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from rankmeter import __version__
 from rankmeter.engine import parse_all
+from rankmeter.redaction import redact
 from rankmeter.trec import InputError
 
 DEFAULT_MEASURES = ["nDCG@10", "P@10", "AP", "RR", "R@10"]
@@ -138,16 +139,20 @@ def _settings(args: argparse.Namespace):
 def _reaching(settings) -> Iterator[None]:
     """Turns a service that cannot be reached at start into one line (ServiceError)."""
     import redis
-    from kafka.errors import KafkaError
+    from kafka.errors import KafkaError, KafkaTimeoutError
 
     from rankmeter.kafka_source import TopicMismatch
 
     try:
         yield
     except redis.RedisError as e:
-        raise ServiceError(f"cannot reach Redis at {settings.redis.url}: {e}") from None
+        # The whole message: the URL's password, and any a driver error might quote.
+        raise ServiceError(redact(f"cannot reach Redis at {settings.redis.url}: {e}")) from None
     except KafkaError as e:
-        raise ServiceError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}") from None
+        # kafka-python reports refused credentials and wrong TLS alike, as a bootstrap timeout.
+        hint = " (is it up, and do kafka.client's security settings match its listener?)" \
+            if isinstance(e, KafkaTimeoutError) else ""
+        raise ServiceError(redact(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}{hint}")) from None
     except TopicMismatch as e:
         raise ServiceError(str(e)) from None
 
@@ -245,7 +250,7 @@ def _report(args: argparse.Namespace) -> int:
         print(json.dumps([{**v._asdict(), "sums": {m: s._asdict() for m, s in v.sums.items()}}
                           for v in views if v.window == window], indent=1))
     else:
-        header = f"rankmeter report — {settings.redis.url} — window {window} — {len(pipeline.partitions)} partitions"
+        header = f"rankmeter report — {redact(settings.redis.url)} — window {window} — {len(pipeline.partitions)} partitions"
         print(render(views, window, header, args.baseline))
     return 0
 

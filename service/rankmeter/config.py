@@ -126,7 +126,9 @@ def _coerce_env(section: type[msgspec.Struct], key: str, value: str) -> Any:
         pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
         if any(len(p) != 2 for p in pairs):
             raise ConfigError(f"invalid configuration: {key}: expected key=value,key=value")
-        return {k.strip(): _scalar(v.strip()) for k, v in pairs}
+        # Credentials stay text: a password of digits must not reach kafka-python as an int.
+        return {k.strip(): v.strip() if k.strip().endswith(("_password", "_username")) else _scalar(v.strip())
+                for k, v in pairs}
     if hint == "bool":
         return value.strip().lower() in ("1", "true", "yes", "on")
     return value

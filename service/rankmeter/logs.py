@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from rankmeter.redaction import redact
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -22,7 +24,8 @@ class JsonFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        # Any line, ours or a library's (kafka-python dumps its config at DEBUG), loses its secrets.
+        return redact(json.dumps(entry, default=str))
 
 
 def configure(level: str = "INFO") -> None:

@@ -46,9 +46,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str, bytes | dict]]) -> int:
-    """Send (key, value) pairs; dict values are JSON-encoded, bytes sent as they are."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str, bytes | dict]],
+            client: dict | None = None) -> int:
+    """Send (key, value) pairs; dict values are JSON-encoded, bytes sent as they are.
+    `client`: kafka-python settings such as SASL_SSL's (as rankmeter's `kafka.client`)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(client or {}))
     n = 0
     for key, value in messages:
         data = value if isinstance(value, bytes) else json.dumps(value).encode()
