@@ -7,9 +7,14 @@
 #   scripts/services.sh down      stop what `up` started (by pid file)
 #   scripts/services.sh status    exit 0 when all three answer
 #   scripts/services.sh env       print the RANKMETER_* connection settings
+#   scripts/services.sh cluster-up    start a Redis Cluster of three masters, print its settings
+#   scripts/services.sh cluster-down  stop it (`down` stops it too)
+#   scripts/services.sh cluster-env   print the RANKMETER_REDIS_* settings for the cluster
+#   scripts/services.sh cluster-status  exit 0 when the cluster answers with cluster_state:ok
 #
 # Ports are fixed and non-standard so they do not collide with a developer's own servers;
-# override with RANKMETER_HARNESS_{KAFKA,REDIS,PROMETHEUS}_PORT.
+# override with RANKMETER_HARNESS_{KAFKA,REDIS,PROMETHEUS}_PORT. The cluster's masters listen
+# on RANKMETER_HARNESS_REDIS_CLUSTER_PORT (17001) and the two ports after it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +24,8 @@ KAFKA_PORT=${RANKMETER_HARNESS_KAFKA_PORT:-19092}
 CONTROLLER_PORT=$((KAFKA_PORT + 1))
 REDIS_PORT=${RANKMETER_HARNESS_REDIS_PORT:-16379}
 PROMETHEUS_PORT=${RANKMETER_HARNESS_PROMETHEUS_PORT:-19090}
+CLUSTER_PORT=${RANKMETER_HARNESS_REDIS_CLUSTER_PORT:-17001}
+CLUSTER_PORTS=("$CLUSTER_PORT" $((CLUSTER_PORT + 1)) $((CLUSTER_PORT + 2)))
 HOST=127.0.0.1
 
 log() { echo "services: $*" >&2; }
@@ -156,6 +163,7 @@ stop_one() {
 }
 
 down() {
+    cluster_down
     stop_one prometheus
     stop_one kafka
     stop_one redis
@@ -165,11 +173,71 @@ down() {
 
 status() { redis_answers && kafka_answers && prometheus_answers; }
 
+# Redis Cluster: three masters, no replicas (enough to spread the partitions' hash tags over
+# three slot owners; failover is Redis's business, not rankmeter's).
+cluster_info() { redis-cli -h $HOST -p "$1" cluster info 2>/dev/null | tr -d '\r'; }
+cluster_ok() {
+    local port
+    for port in "${CLUSTER_PORTS[@]}"; do
+        cluster_info "$port" | grep -q '^cluster_state:ok$' || return 1
+    done
+}
+cluster_nodes_answer() {
+    local port
+    for port in "${CLUSTER_PORTS[@]}"; do
+        [ "$(redis-cli -h $HOST -p "$port" ping 2>/dev/null)" = PONG ] || return 1
+    done
+}
+
+# Only settings rankmeter reads (it refuses unknown RANKMETER_REDIS_* variables), so that
+# `env $(scripts/services.sh cluster-env) rankmeter serve` runs against the cluster.
+print_cluster_env() {
+    echo "RANKMETER_REDIS_URL=redis://$HOST:$CLUSTER_PORT/0"
+    echo "RANKMETER_REDIS_CLUSTER=true"
+}
+
+cluster_up() {
+    command -v redis-server >/dev/null || install
+    local port dir
+    for port in "${CLUSTER_PORTS[@]}"; do
+        dir=$STATE/redis-cluster/$port
+        pid_alive "$dir/pid" && continue
+        mkdir -p "$dir"
+        # nodes.conf in the node's own dir: a restarted node rejoins with its slots.
+        redis-server --bind $HOST --port "$port" --dir "$dir" --save "" --appendonly no \
+            --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
+            --daemonize yes --pidfile "$dir/pid" --logfile "$dir/redis.log"
+    done
+    wait_for redis-cluster cluster_nodes_answer 20
+    # Fresh nodes own no slots: join them once. Nodes that already form the cluster are left as they are.
+    if cluster_info "$CLUSTER_PORT" | grep -q '^cluster_slots_assigned:0$'; then
+        local nodes=()
+        for port in "${CLUSTER_PORTS[@]}"; do nodes+=("$HOST:$port"); done
+        redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
+            > "$STATE/redis-cluster/create.log" 2>&1 \
+            || die "redis-cli --cluster create failed: $(tail -3 "$STATE/redis-cluster/create.log")"
+    fi
+    wait_for redis-cluster cluster_ok 30
+    log "Redis Cluster is up on ports ${CLUSTER_PORTS[*]} (state and logs in $STATE/redis-cluster)"
+    print_cluster_env
+}
+
+cluster_down() {
+    local port
+    for port in "${CLUSTER_PORTS[@]}"; do stop_one "redis-cluster/$port"; done
+    # Disposable like the rest: the next cluster-up creates a fresh cluster.
+    rm -rf "$STATE/redis-cluster"
+}
+
 case "${1:-}" in
     install) install ;;
     up) up ;;
     down) down ;;
     status) status ;;
     env) print_env ;;
-    *) echo "usage: $0 install|up|down|status|env" >&2; exit 2 ;;
+    cluster-up) cluster_up ;;
+    cluster-down) cluster_down ;;
+    cluster-env) print_cluster_env ;;
+    cluster-status) cluster_ok ;;
+    *) echo "usage: $0 install|up|down|status|env|cluster-up|cluster-down|cluster-env|cluster-status" >&2; exit 2 ;;
 esac
