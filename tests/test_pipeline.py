@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from rankmeter import config
 from rankmeter.engine import QueryState, parse, stack
+from rankmeter.join import ONLINE_SIGNALS
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
+from rankmeter.windows import BIN_EDGES
 
 NOW_S = 1_800_000_000.0
 SETTINGS = config.load(None, {})
@@ -116,10 +118,12 @@ def test_aggregates_equal_the_engine_on_final_grades():
             assert sums.count == judged_rows.sum()
             assert sums.macro() == pytest.approx(fmean(values), abs=1e-9), (ranker, name)
             assert sums.value_squares == pytest.approx(sum(v * v for v in values), abs=1e-9)
-            # The per-query distribution: queries per tenth of [0, 1].
+            # The per-query distribution: queries per bin, a bin holding the values at most
+            # its upper edge (Prometheus' `le`): [0, .1], (.1, .2], …, (.9, 1], above 1.
+            edges = [i / 10 for i in range(1, 11)]
             expected_bins = [0] * 11
             for v in values:
-                expected_bins[min(int(v * 10), 9)] += 1
+                expected_bins[next((i for i, e in enumerate(edges) if v <= e), 10)] += 1
             assert view.distributions[name] == expected_bins, (ranker, name)
 
 
@@ -153,18 +157,154 @@ def test_windows_follow_impression_time():
     assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 0, "1h": 0, "24h": 2}
 
 
-def test_orphaned_feedback_is_counted_when_its_query_closes():
-    clock = Clock()
+def one_partition(events, settings=SETTINGS, store=None, clock=None, letters=None, bus=None):
+    """A pipeline on a one-partition bus, and a function feeding it (topic, event) pairs
+    as one batch (keyed by query_id unless a `key` is given). Pipelines sharing a store
+    (a restart, a second replica) share the bus too: its offsets are the store's."""
+    bus, clock = bus or Bus(partitions=1), clock or Clock()
+    pipeline = Pipeline(settings, store or MemoryStore(),
+                        lambda r, why: letters.append(why) if letters is not None else None, clock)
+    bus.subscribe([IMPRESSIONS, FEEDBACK], pipeline.assign, pipeline.revoke)
+
+    def feed(batch, key=None):
+        for topic, event in batch:
+            bus.send(topic, (key or event["query_id"]).encode(), json.dumps(event).encode())
+        clock.t += 2  # past the sweep interval: each batch looks for closed queries
+        pipeline.process(bus.poll(0, 100_000))
+
+    feed(events)
+    return pipeline, feed
+
+
+def impression(qid, ts, results=("x", "y"), ranker="a"):
+    return IMPRESSIONS, {"query_id": qid, "ranker": ranker, "timestamp": ts, "results": list(results)}
+
+
+def click(qid, ts, doc="x", event_id=None):
+    return FEEDBACK, {"query_id": qid, "action": "click", "doc_id": doc, "timestamp": ts,
+                      "event_id": event_id or f"{qid}.{doc}.{ts}"}
+
+
+def test_orphaned_feedback_is_counted_once_when_event_time_passes_its_window():
     now_ms = int(NOW_S * 1000)
     store = MemoryStore()
-    stream = [(FEEDBACK, "lost", {"query_id": "lost", "action": "click", "doc_id": "x", "timestamp": now_ms}),
-              (FEEDBACK, "lost", {"query_id": "lost", "action": "click", "doc_id": "y", "timestamp": now_ms})]
-    pipeline = run(stream, store=store, clock=clock)
-    assert pipeline.events[("feedback", "pending")] == 2
-    clock.t += 36 * 60  # past attribution (30m) + grace (5m)
-    pipeline.process([])
-    assert pipeline.events[("feedback", "orphaned")] == 2
-    assert all("lost" not in records for records in store.records.values())
+    pipeline, feed = one_partition([click("lost", now_ms), click("lost", now_ms, "y")], store=store)
+    assert sum(pipeline.events.values()) == 0  # pending: counted once, by what becomes of it
+    feed([impression("later", now_ms + 20 * 60_000), click("later", now_ms + 20 * 60_000)])
+    assert pipeline.events[("feedback", "orphaned")] == 0   # event time is 20 min on: still open
+    feed([impression("last", now_ms + 36 * 60_000), click("last", now_ms + 36 * 60_000)])
+    feed([])
+    assert pipeline.events[("feedback", "orphaned")] == 2   # past attribution (30m) + grace (5m)
+    assert "lost" not in store.records[0] and "later" in store.records[0]
+    assert pipeline.events == {("impressions", "applied"): 2, ("feedback", "applied"): 2,
+                               ("feedback", "orphaned"): 2}
+
+
+def test_an_outage_longer_than_the_attribution_window_loses_no_feedback():
+    """The service is down 40 minutes (its clock moves on); the backlog holds feedback
+    from inside the attribution window and traffic from after the outage. Everything
+    joins as it would have live: queries close by event time, not by the wall clock."""
+    clock, now_ms = Clock(), int(NOW_S * 1000)
+    store = MemoryStore()
+    bus = Bus(partitions=1)
+    one_partition([impression("q", now_ms), click("q", now_ms + 60_000)], store=store, clock=clock, bus=bus)
+    clock.t += 40 * 60   # the outage, then a restart
+    restarted, feed = one_partition([], store=store, clock=clock, bus=bus)
+    feed([impression("after", now_ms + 40 * 60_000), click("q", now_ms + 10 * 60_000, "y"),
+          click("after", now_ms + 40 * 60_000)])
+    feed([])
+    assert restarted.events == {("impressions", "applied"): 1, ("feedback", "applied"): 2}
+    ctr = next(v for v in restarted.views() if v.ranker == "a" and v.window == "1h").sums["CTR"]
+    assert (ctr.numerator, ctr.denominator) == (2 + 1, 2 + 2)   # q: x and y clicked; after: x
+    # Event time is now 40 min past q: it closed after its feedback joined; its contribution stays.
+    assert "q" not in store.records[0] and "after" in store.records[0]
+
+
+def test_feedback_keyed_by_something_else_is_dead_lettered():
+    letters = []
+    now_ms = int(NOW_S * 1000)
+    pipeline, feed = one_partition([impression("q", now_ms)], letters=letters)
+    feed([click("q", now_ms)], key="user-42")
+    assert pipeline.events[("feedback", "invalid")] == 1
+    assert letters == ["message key b'user-42' is not its query_id 'q': both topics must be keyed by query_id"]
+
+
+def test_windows_end_now_an_impression_from_the_future_waits_for_its_minute():
+    clock, now_ms = Clock(), int(NOW_S * 1000)
+    pipeline, _ = one_partition([impression("soon", now_ms + 30 * 60_000), impression("now", now_ms)], clock=clock)
+    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "1h": 1, "24h": 1}
+    clock.t += 31 * 60
+    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "1h": 2, "24h": 2}
+
+
+def test_exact_tenths_are_counted_at_most_their_bin_edge():
+    now_ms = int(NOW_S * 1000)
+    results = [f"d{i}" for i in range(10)]
+    # P@10 of 0.5 and 0.1, RR of 1.0: each in the bin whose upper edge it equals.
+    events = [impression("half", now_ms, results), impression("tenth", now_ms, results)]
+    events += [click("half", now_ms, d) for d in results[:5]] + [click("tenth", now_ms, "d0")]
+    pipeline, _ = one_partition(events)
+    view = next(v for v in pipeline.views() if v.window == "5m")
+    edges = dict(zip(BIN_EDGES, view.distributions["P@10"]))
+    assert edges["0.1"] == 1 and edges["0.5"] == 1 and sum(view.distributions["P@10"]) == 2
+    assert dict(zip(BIN_EDGES, view.distributions["RR"]))["1.0"] == 2
+
+
+def test_a_stale_owner_is_fenced_and_writes_nothing():
+    """Two pipelines on one store: the second claims the partition (a rebalance while the
+    first stalled); the first's next checkpoint is refused whole."""
+    now_ms = int(NOW_S * 1000)
+    store, bus = MemoryStore(), Bus(partitions=1)
+    zombie, zombie_feed = one_partition([impression("q1", now_ms)], store=store, bus=bus)
+    owner, owner_feed = one_partition([], store=store, bus=bus)  # resumes after q1
+    owner_feed([impression("q2", now_ms)])
+    before = (dict(store.offsets[0]), dict(store.buckets[0]), dict(store.records[0]))
+    zombie_feed([impression("q3", now_ms)])
+    assert zombie.fenced == {0} and zombie.partitions == {}
+    assert (dict(store.offsets[0]), dict(store.buckets[0]), dict(store.records[0])) == before
+    assert next(v for v in owner.views() if v.window == "5m").queries_all == 2
+
+
+def test_lost_state_is_refused_unless_rebuilt():
+    now_ms = int(NOW_S * 1000)
+    bus, store = Bus(partitions=1), MemoryStore()
+    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
+    bus.subscribe([IMPRESSIONS, FEEDBACK], pipeline.assign, pipeline.revoke)
+    bus.send(IMPRESSIONS, b"q", json.dumps(impression("q", now_ms)[1]).encode())
+    bus.commit(pipeline.process(bus.poll(0, 100)))
+    store.wipe(0)   # Redis restarted empty, Kafka kept the group's commits
+    second = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
+    assert second.assign([0], bus.committed([0])) == {} and second.lost == {0}
+    rebuilt = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
+    assert rebuilt.assign([0], bus.committed([0]), rebuild=True) == {(IMPRESSIONS, 0): 0, (FEEDBACK, 0): 0}
+    bus.seek({(IMPRESSIONS, 0): 0, (FEEDBACK, 0): 0})
+    rebuilt.process(bus.poll(0, 100))
+    assert next(v for v in rebuilt.views() if v.window == "5m").queries_all == 1
+
+
+def test_configuration_changes_carry_unchanged_measures_and_never_relabel():
+    """P@10 swapped for P@5 and AP removed while q1 is open: nDCG@10 carries on, P@5
+    counts from the change (q1 is evaluated again when its feedback comes), nothing of
+    P@10 appears under P@5's name."""
+    now_ms = int(NOW_S * 1000)
+    store, bus, results = MemoryStore(), Bus(partitions=1), [f"d{i}" for i in range(10)]
+    before = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10,P@10,AP"})
+    after = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10,P@5"})
+    first, _ = one_partition([impression("q0", now_ms, results), click("q0", now_ms, "d0"),
+                              impression("q1", now_ms, results), click("q1", now_ms, "d9")],
+                             settings=before, store=store, bus=bus)
+    old = next(v for v in first.views() if v.window == "5m").sums
+    second, feed = one_partition([], settings=after, store=store, bus=bus)
+    carried = next(v for v in second.views() if v.window == "5m").sums
+    assert carried["nDCG@10"] == old["nDCG@10"] and set(carried) == {"nDCG@10", "P@5", *ONLINE_SIGNALS}
+    assert carried["P@5"].count == 0    # nothing relabelled
+    feed([click("q1", now_ms, "d1")])   # q1 evaluated again: P@5 = 1/5, from the change on
+    sums = next(v for v in second.views() if v.window == "5m").sums
+    assert (sums["P@5"].value_sum, sums["P@5"].count) == pytest.approx((0.2, 1))
+    assert sums["nDCG@10"].count == 2
+    back, _ = one_partition([], settings=before, store=store, bus=bus)   # and back: P@10 was kept for q0 only
+    sums = next(v for v in back.views() if v.window == "5m").sums
+    assert sums["AP"].count == 0 and sums["P@10"].count == 0 and sums["nDCG@10"].count == 2
 
 
 def test_late_feedback_is_counted_not_applied():

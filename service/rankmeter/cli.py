@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--create-topics", type=int, metavar="PARTITIONS",
                     help="create the impressions, feedback and dead-letter topics with this "
                          "many partitions when they are missing")
+    sv.add_argument("--rebuild", action="store_true",
+                    help="rebuild partitions whose state Redis lost by re-reading the retained "
+                         "topics from the start (without it, such partitions are refused)")
     sv.set_defaults(run_command=_serve)
 
     sim = commands.add_parser(
@@ -164,13 +167,28 @@ def _connect(settings, create_topics: int | None):
     from rankmeter.serve import create_topics as create
 
     with _reaching(settings):
-        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+        store = RedisStore(settings.redis.url, settings.redis.key_prefix, settings.redis.cluster)
         store.ping()
+        _check_eviction(settings, store)
         if create_topics:
             create(settings, create_topics)
         source = KafkaSource(settings.kafka)
         source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
     return store, source
+
+
+def _check_eviction(settings, store) -> None:
+    """A Redis that evicts keys would lose state piecemeal, unnoticed (docs/delivery.md)."""
+    import logging
+
+    policy = store.eviction_policy()
+    if policy == "noeviction":
+        return
+    problem = (f"Redis maxmemory-policy is {policy}: it may evict rankmeter's state; set it to noeviction"
+               if policy else "cannot read Redis maxmemory-policy (CONFIG not allowed): make sure it is noeviction")
+    if policy and settings.redis.eviction_policy_check == "refuse":
+        raise ServiceError(f"{problem} (or redis.eviction_policy_check: warn)")
+    logging.getLogger("rankmeter.serve").warning(problem)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -180,7 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logs.configure(settings.log_level)
     store, source = _connect(settings, args.create_topics)
-    run(settings, source, store)
+    run(settings, source, store, rebuild=args.rebuild)
     return 0
 
 
@@ -242,9 +260,10 @@ def _report(args: argparse.Namespace) -> int:
     if window not in settings.windows.sizes:
         raise UsageError(f"--window {window}: the configured windows are {', '.join(settings.windows.sizes)}")
     with _reaching(settings):
-        store = RedisStore(settings.redis.url, settings.redis.key_prefix)
+        store = RedisStore(settings.redis.url, settings.redis.key_prefix, settings.redis.cluster)
+        store.ping()  # also refuses a cluster node without redis.cluster: it would report a third
         pipeline = Pipeline(settings, store, dead_letter=lambda record, reason: None)
-        pipeline.assign(store.partitions())  # read-only: loads the stored buckets
+        pipeline.assign(store.partitions(), claim=False)  # read-only: loads the stored buckets
     views = pipeline.views()
     if args.format == "json":
         print(json.dumps([{**v._asdict(), "sums": {m: s._asdict() for m, s in v.sums.items()}}

@@ -37,6 +37,10 @@ class Kafka(msgspec.Struct, forbid_unknown_fields=True):
 class Redis(msgspec.Struct, forbid_unknown_fields=True):
     url: str = "redis://localhost:6379/0"  # rediss:// and redis://:password@host work
     key_prefix: str = "rankmeter"
+    cluster: bool = False  # url names one node of a Redis Cluster; the rest are discovered
+    # Redis evicting keys (any maxmemory-policy but noeviction) would lose state piecemeal:
+    # `refuse` to start on such a Redis, or `warn` and go on.
+    eviction_policy_check: str = "refuse"
 
 
 class Metrics(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,6 +74,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_events_per_query: int = 10_000  # further feedback for the query is dead-lettered
     max_rankers: int = 20     # further rankers are folded into `other`
     max_segments: int = 20    # so are further segment values
+    label_idle: str = "7d"    # a ranker or segment unseen this long frees its place under the cap
     ubi_ranker_attribute: str = "ranker"
 
 
@@ -201,6 +206,12 @@ def _check(s: Settings) -> None:
             duration_ms(getattr(s.windows, name))
         except ValueError as e:
             fail(f"windows.{name}", str(e))
+    try:
+        duration_ms(s.limits.label_idle)
+    except ValueError as e:
+        fail("limits.label_idle", str(e))
+    if s.redis.eviction_policy_check not in ("refuse", "warn"):
+        fail("redis.eviction_policy_check", "must be refuse or warn")
     if not s.windows.sizes:
         fail("windows.sizes", "at least one window is needed")
     for size in s.windows.sizes:

@@ -28,11 +28,13 @@ log = logging.getLogger("rankmeter.exporter")
 
 
 class Health:
-    """What /healthz and /readyz answer: alive while the loop beats, ready once assigned."""
+    """What /healthz and /readyz answer: alive while the loop beats, ready once assigned
+    and while nothing is wrong (`problem` says what is: the store away, state lost)."""
 
     def __init__(self, stale_after_s: float = 60.0) -> None:
         self.last_beat = time.monotonic()
         self.ready = False
+        self.problem = ""
         self.stale_after_s = stale_after_s
 
     def beat(self) -> None:
@@ -108,6 +110,15 @@ class PipelineCollector:
                                 "(held in the state store).", value=self.pipeline.open_queries())
         yield GaugeMetricFamily("rankmeter_assigned_partitions", "Partitions this process holds.",
                                 value=len(self.pipeline.partitions))
+        lost = GaugeMetricFamily("rankmeter_state_lost", "1 for a partition whose stored state is "
+                                 "gone while Kafka has consumed it: not consumed until `rankmeter "
+                                 "serve --rebuild`.", labels=["partition"])
+        for p in sorted(self.pipeline.lost):
+            lost.add_metric([str(p)], 1)
+        yield lost
+        yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
+                                  "replica had claimed the partition (this one had stalled).",
+                                  value=self.pipeline.fenced_total)
 
 
 class Exporter:
@@ -140,8 +151,10 @@ class Exporter:
                     ok = exporter.health.alive
                     self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
                 elif path == "/readyz":
-                    ok = exporter.health.ready and exporter.health.alive
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                    health = exporter.health
+                    ok = health.ready and health.alive and not health.problem
+                    why = f"not ready: {health.problem or 'starting'}\n".encode()
+                    self._send(200 if ok else 503, b"ready\n" if ok else why)
                 else:
                     self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
 

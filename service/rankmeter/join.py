@@ -30,6 +30,7 @@ class QueryRecord(msgspec.Struct, array_like=True):
     event_ids: set[str] = set()      # feedback already counted (idempotency)
     pending: list[Feedback] = []     # feedback that came before its impression
     contribution: bytes = b""        # what the query adds to its window bucket now (float64s)
+    layout: str = ""                 # fingerprint of the layout `contribution` is in
 
     def grade(self, doc: str) -> float:
         """An explicit judgment if any (the latest wins), else the highest implicit grade;

@@ -38,11 +38,7 @@ class _Listener(ConsumerRebalanceListener):
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with an empty set too: a member without partitions has still joined.
-        resume = self.on_assign(sorted({tp.partition for tp in assigned}))
-        for tp in assigned:
-            offset = resume.get((tp.topic, tp.partition))
-            if offset is not None:
-                self.source.consumer.seek(tp, offset)
+        self.source.seek(self.on_assign(sorted({tp.partition for tp in assigned})))
 
 
 class KafkaSource:
@@ -63,6 +59,11 @@ class KafkaSource:
             max_poll_records=settings.max_poll_records,
             **common, **only(KafkaConsumer.DEFAULT_CONFIG))
         self.producer = KafkaProducer(acks="all", linger_ms=20, **common, **only(KafkaProducer.DEFAULT_CONFIG))
+        # The group's committed offsets are read while the consumer's rebalance callback
+        # runs on its IO thread, where the consumer itself cannot block: a second client,
+        # which never joins the group, asks for them.
+        self._offsets = KafkaConsumer(group_id=settings.group_id, enable_auto_commit=False,
+                                      **common, **only(KafkaConsumer.DEFAULT_CONFIG))
 
     def check_topics(self, topics: Sequence[str], wait_s: float = 15.0) -> int:
         """Both topics exist with the same partition count (brief §2); returns it. Waits a
@@ -84,7 +85,38 @@ class KafkaSource:
         return next(iter(counts.values()))
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
-        self.consumer.subscribe(list(topics), listener=_Listener(self, on_assign, on_revoke))
+        self._subscription = (list(topics), _Listener(self, on_assign, on_revoke))
+        self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
+
+    def assigned(self) -> list[int]:
+        return sorted({tp.partition for tp in self.consumer.assignment()})
+
+    def seek(self, offsets: dict[tuple[str, int], int]) -> None:
+        refused = []
+        for tp in self.consumer.assignment():
+            offset = offsets.get((tp.topic, tp.partition))
+            if offset is None:
+                refused.append(tp)
+            else:
+                self.consumer.seek(tp, offset)
+        self.consumer.resume(*[tp for tp in self.consumer.assignment() if tp not in refused])
+        if refused:
+            self.consumer.pause(*refused)
+
+    def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
+        found = {}
+        for topic in self._subscription[0]:
+            for p in partitions:
+                offset = self._offsets.committed(TopicPartition(topic, p))
+                if offset is not None:
+                    found[(topic, p)] = offset
+        return found
+
+    def rejoin(self) -> None:
+        # Leaving makes the coordinator rebalance now; the next poll joins again and the
+        # listener claims whatever this member is given, from the stored state.
+        self.consumer.unsubscribe()
+        self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
@@ -112,3 +144,4 @@ class KafkaSource:
         self.producer.flush(timeout=10)
         self.producer.close(timeout=10)
         self.consumer.close(autocommit=False)
+        self._offsets.close(autocommit=False)

@@ -12,11 +12,13 @@ partition's only writer while it holds it). It knows nothing of Kafka or Redis: 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 import msgspec
@@ -28,28 +30,58 @@ from rankmeter.events import Decoder, Feedback, Impression, Rejected
 from rankmeter.join import (ONLINE_SIGNALS, UNDEFINED, QueryRecord, apply_feedback,
                             apply_impression, online_ratios)
 from rankmeter.source import Record
-from rankmeter.store import PartitionWrite, Store
+from rankmeter.checkpoint import Checkpoint
+from rankmeter.store import FENCED, Store
 from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_views
 
 log = logging.getLogger("rankmeter.pipeline")
 
 OTHER = "other"             # the label of rankers and segments past the cap
 SWEEP_INTERVAL_MS = 1000    # how often closed and orphaned queries are looked for
+SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage's backlog
+                            # closes over several batches, not in one huge read
+LABEL_REFRESH_MS = 60_000   # how often an admitted label's last use is refreshed in the store
 CACHE_LIMIT = 200_000       # query records kept in memory per partition
 
 
 class PartitionState:
-    def __init__(self, offsets: dict[str, int], buckets: dict[BucketKey, np.ndarray]) -> None:
+    """A partition while this process owns it: its epoch, offsets, event-time watermarks,
+    window buckets, and a write-through cache of its query records."""
+
+    def __init__(self, epoch: int, offsets: dict[str, int], watermarks: dict[str, int],
+                 buckets: dict[BucketKey, np.ndarray]) -> None:
+        self.epoch = epoch
         self.offsets = offsets
+        self.watermarks = watermarks
         self.buckets = buckets
+        self.rewrite_buckets = False  # converted from another layout: the next checkpoint writes all
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
         self.open_queries = 0
+
+    def watermark(self) -> int | None:
+        """How far event time has certainly come: the lower of the two topics' highest
+        timestamps, so a topic read ahead of the other (a backlog) closes nothing early."""
+        return min(self.watermarks.values()) if self.watermarks else None
 
 
 class _Touched(NamedTuple):
     partition: int
     query_id: str
+
+
+def layout_for(settings: Settings) -> Layout:
+    """The layout of this configuration. A quality measure's identity includes what its
+    values depend on (grade map, relevance level, empty-query policy), so changing those
+    starts it afresh rather than mixing old and new values under one name."""
+    e = settings.evaluation
+    measures = [str(m) for m in parse_all(e.measures)]
+    grading = json.dumps([sorted(e.grades.items()), e.long_dwell_ms, e.long_dwell_grade,
+                          e.relevance_level, e.empty_query_policy])
+    tag = hashlib.sha256(grading.encode()).hexdigest()[:8]
+    names = measures + list(ONLINE_SIGNALS)
+    over_all = names if e.empty_query_policy == "zero" else ONLINE_SIGNALS
+    return Layout(names, over_all, distributed=measures, ids=[f"{m}#{tag}" for m in measures] + list(ONLINE_SIGNALS))
 
 
 class Pipeline:
@@ -64,59 +96,113 @@ class Pipeline:
         self.impressions_topic = settings.kafka.impressions_topic
         self.feedback_topic = settings.kafka.feedback_topic
         self.measures = parse_all(settings.evaluation.measures)
-        names = [str(m) for m in self.measures] + list(ONLINE_SIGNALS)
-        over_all = names if settings.evaluation.empty_query_policy == "zero" else ONLINE_SIGNALS
-        self.layout = Layout(names, over_all, distributed=[str(m) for m in self.measures])
+        self.layout = layout_for(settings)
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
         self.attribution_ms = duration_ms(settings.windows.attribution) + duration_ms(settings.windows.grace)
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
         # Buckets are kept while feedback can still change them and a window shows them.
         self.retention_ms = max(self.windows.values()) + self.attribution_ms
+        self.label_idle_ms = duration_ms(settings.limits.label_idle)
         self.events: Counter[tuple[str, str]] = Counter()   # (stream, outcome)
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
+        self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
+        self.fenced: set[int] = set()   # partitions another replica took over (rejoin)
+        self.fenced_total = 0
         self.lock = threading.Lock()  # between the batch and the exporter's scrape
-        self._labels: dict[tuple[str, str], str] = {}
+        self._labels: dict[tuple[str, str], tuple[str, int]] = {}  # -> (label, checked at ms)
+        self._layouts: dict[str, Layout | None] = {self.layout.fingerprint: self.layout}
+        self._layout_saved = False
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
         self._zero = bytes(8 * self.layout.size)
 
     # ---- assignment ----
 
-    def assign(self, partitions: list[int]) -> dict[tuple[str, int], int]:
-        """Load the partitions' state; returns the offsets to resume from."""
+    def assign(self, partitions: list[int], committed: Mapping[tuple[str, int], int] | None = None,
+               rebuild: bool = False, claim: bool = True) -> dict[tuple[str, int], int]:
+        """Claim the partitions and load their state; returns the offsets to resume from.
+
+        A partition without stored offsets starts from the beginning of both topics,
+        unless Kafka has committed offsets for it: then the store lost its state, and
+        resuming from Kafka's commit would export aggregates with a hole. Such a
+        partition is refused (`lost`) unless `rebuild`, which wipes what is left of it
+        and re-reads the retained topics from the start. `claim=False` only reads (for
+        `rankmeter report`, which must not fence the running replicas)."""
+        if not self._layout_saved and claim:
+            self.store.save_layout(self.layout.fingerprint, self.layout.description)
+            self._layout_saved = True
+        committed = committed or {}
         resume = {}
         for p in partitions:
-            snapshot = self.store.load(p)
-            buckets = {}
-            for field, data in snapshot.buckets.items():
-                vector = np.frombuffer(data, dtype=np.float64).copy()
-                if len(vector) != self.layout.size:
-                    log.warning("dropping a window bucket written with other measures",
-                                extra={"partition": p, "bucket": field})
+            snapshot = self.store.claim(p) if claim else self.store.load(p)
+            if not snapshot.offsets:
+                had_state = any(committed.get((t, p), 0) > 0 for t in (self.impressions_topic, self.feedback_topic))
+                if had_state and not rebuild:
+                    log.error("the state store has no state for a partition that Kafka has consumed: "
+                              "not consuming it; restart with `rankmeter serve --rebuild` to rebuild it "
+                              "from the topics", extra={"partition": p})
+                    self.lost.add(p)
                     continue
-                buckets[BucketKey.decode(field)] = vector
+                if had_state:
+                    log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
+                    self.store.wipe(p)
+                    snapshot = snapshot._replace(buckets={}, watermarks={}, layout="")
+                snapshot = snapshot._replace(offsets={self.impressions_topic: 0, self.feedback_topic: 0})
+            state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks),
+                                   self._load_buckets(p, snapshot.buckets, snapshot.layout))
+            state.rewrite_buckets = bool(snapshot.layout) and snapshot.layout != self.layout.fingerprint
             with self.lock:
-                self.partitions[p] = PartitionState(dict(snapshot.offsets), buckets)
+                self.partitions[p] = state
+            self.lost.discard(p)
+            self.fenced.discard(p)
             resume.update({(topic, p): offset for topic, offset in snapshot.offsets.items()})
-        log.info("partitions assigned", extra={"partitions": partitions, "resume": len(resume)})
+        log.info("partitions assigned", extra={"partitions": partitions, "resume": len(resume),
+                                               "lost": sorted(self.lost)})
         return resume
+
+    def _load_buckets(self, p: int, stored: dict[str, bytes], fingerprint: str) -> dict[BucketKey, np.ndarray]:
+        old = self._layout(fingerprint) if fingerprint else self.layout
+        if old is None:
+            log.warning("dropping window buckets written in an unknown layout", extra={"partition": p})
+            return {}
+        if old is not self.layout:
+            log.info("configuration changed: carrying on the unchanged measures' sums",
+                     extra={"partition": p, "from": old.names, "to": self.layout.names})
+        buckets = {}
+        for field, data in stored.items():
+            vector = np.frombuffer(data, dtype=np.float64)
+            if len(vector) != old.size:
+                log.warning("dropping a window bucket of unexpected size", extra={"partition": p, "bucket": field})
+                continue
+            buckets[BucketKey.decode(field)] = vector.copy() if old is self.layout else self.layout.convert(vector, old)
+        return buckets
+
+    def _layout(self, fingerprint: str) -> Layout | None:
+        if fingerprint not in self._layouts:
+            description = self.store.load_layout(fingerprint)
+            self._layouts[fingerprint] = Layout.from_description(description) if description else None
+        return self._layouts[fingerprint]
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Every batch is persisted when `process` returns: forgetting is enough."""
+        partitions = list(partitions)
         with self.lock:
             for p in partitions:
                 self.partitions.pop(p, None)
-        log.info("partitions revoked", extra={"partitions": list(partitions)})
+        log.info("partitions revoked", extra={"partitions": partitions})
 
     # ---- one batch ----
 
     def process(self, records: list[Record]) -> dict[tuple[str, int], int]:
-        """Apply one poll batch and persist it; returns the offsets to commit to Kafka."""
+        """Apply one poll batch and persist it; returns the offsets to commit to Kafka.
+        Partitions whose checkpoint the store refused are dropped and listed in `fenced`
+        or `lost`: the caller rejoins the group, or stops consuming them."""
         now_ms = int(self.clock() * 1000)
         work: dict[int, list[tuple[Record, Impression | Feedback]]] = {}
         advanced: dict[int, dict[str, int]] = {}
+        newest: dict[int, dict[str, int]] = {}  # partition -> topic -> highest event time
         for r in records:
             ps = self.partitions.get(r.partition)
             if ps is None or r.offset < ps.offsets.get(r.topic, 0):
@@ -128,35 +214,67 @@ class Pipeline:
                 stream, event = "feedback", self.decoder.feedback(r.value, now_ms)
             else:
                 continue
+            if not isinstance(event, Rejected) and r.key is not None and r.key != event.query_id.encode():
+                # Keyed otherwise, it may sit in another partition than the rest of its query.
+                event = Rejected("invalid", f"message key {r.key[:100]!r} is not its query_id "
+                                            f"{event.query_id[:100]!r}: both topics must be keyed by query_id")
             if isinstance(event, Rejected):
                 self.events[(stream, event.outcome)] += 1
                 if event.outcome == "invalid":
                     self.dead_letter(r, event.reason)
                 continue
             work.setdefault(r.partition, []).append((r, event))
+            topics = newest.setdefault(r.partition, {})
+            if event.timestamp_ms > topics.get(r.topic, -1):
+                topics[r.topic] = event.timestamp_ms
 
         expired = self._sweep(now_ms)
         self._load_records(work, expired)
         touched, changed = self._join(work)
         dirty_buckets = self._evaluate(touched, changed)
-        writes = self._writes(advanced, touched, expired, dirty_buckets, now_ms)
-        self.store.write(writes)
+        for p, topics in newest.items():
+            watermarks = self.partitions[p].watermarks
+            for topic, ts in topics.items():
+                watermarks[topic] = max(watermarks.get(topic, ts), ts)
+        refused = self.store.commit(self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms))
+        self._drop_refused(refused)
         for ps in self.partitions.values():
             _trim(ps.records, ps.states)
-        return {(topic, p): offset for p, topics in advanced.items() for topic, offset in topics.items()}
+        return {(topic, p): offset for p, topics in advanced.items() if p not in refused
+                for topic, offset in topics.items()}
+
+    def _drop_refused(self, refused: Mapping[int, str]) -> None:
+        for p, why in refused.items():
+            if why == FENCED:
+                log.warning("partition claimed by another replica: dropping it and rejoining",
+                            extra={"partition": p})
+                self.fenced.add(p)
+                self.fenced_total += 1
+            else:
+                log.error("the state store lost this partition's state while it was consumed: "
+                          "not consuming it; restart with `rankmeter serve --rebuild`", extra={"partition": p})
+                self.lost.add(p)
+        if refused:
+            self.revoke(refused)
 
     def _sweep(self, now_ms: int) -> dict[int, list[str]]:
-        """Queries past their deadline: closed (their contribution stays) or, when their
-        impression never came, orphaned."""
+        """Queries whose impression time plus the attribution window the partition's
+        event-time watermark has passed: closed (their contribution stays) or, when their
+        impression never came, orphaned. Never by the wall clock: a backlog after an
+        outage is joined as it would have been live."""
         if now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS or not self.partitions:
             return {}
-        self._last_sweep_ms = now_ms
-        found = self.store.expired(list(self.partitions), now_ms)
+        watermarks = {p: wm for p, ps in self.partitions.items() if (wm := ps.watermark()) is not None}
+        if not watermarks:
+            return {}
+        found = self.store.expired(watermarks, SWEEP_LIMIT)
         expired = {}
         for p, (qids, open_count) in found.items():
             self.partitions[p].open_queries = open_count - len(qids)
             if qids:
                 expired[p] = qids
+        if all(len(q) < SWEEP_LIMIT for q in expired.values()):
+            self._last_sweep_ms = now_ms  # else go on closing at the next batch
         return expired
 
     def _load_records(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
@@ -175,7 +293,17 @@ class Pipeline:
         for p, found in self.store.read(wanted).items():
             cache = self.partitions[p].records
             for qid, data in zip(wanted[p], found):
-                cache[qid] = decode(data) if data is not None else QueryRecord()
+                cache[qid] = self._in_layout(decode(data)) if data is not None else QueryRecord()
+
+    def _in_layout(self, record: QueryRecord) -> QueryRecord:
+        """A record written under another configuration: its contribution converted like
+        the buckets it sits in, so the next delta moves only what both layouts share."""
+        if record.contribution and record.layout and record.layout != self.layout.fingerprint:
+            old = self._layout(record.layout)
+            vector = np.frombuffer(record.contribution)
+            record.contribution = (self.layout.convert(vector, old).tobytes()
+                                   if old is not None and len(vector) == old.size else b"")
+        return record
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
               ) -> tuple[dict[_Touched, QueryRecord], dict[_Touched, set[str] | None]]:
@@ -205,7 +333,8 @@ class Pipeline:
                         outcome = "invalid"
                         self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
                                                  f"feedback events (limits.max_events_per_query)")
-                    count[("feedback", outcome)] += 1
+                    if outcome != "pending":  # counted once, by what becomes of it
+                        count[("feedback", outcome)] += 1
                     if outcome == "applied" and key not in changed:
                         changed[key] = set()
                     if outcome == "applied" and changed[key] is not None:
@@ -269,16 +398,18 @@ class Pipeline:
                 dirty.setdefault(p, set()).add(bucket)
         return dirty
 
-    def _writes(self, advanced: dict[int, dict[str, int]], touched: dict[_Touched, QueryRecord],
-                expired: dict[int, list[str]], dirty_buckets: dict[int, set[BucketKey]],
-                now_ms: int) -> list[PartitionWrite]:
+    def _checkpoints(self, advanced: dict[int, dict[str, int]], touched: dict[_Touched, QueryRecord],
+                     expired: dict[int, list[str]], dirty_buckets: dict[int, set[BucketKey]],
+                     now_ms: int) -> list[Checkpoint]:
         encode = self._record_codec[0].encode
         oldest_minute = (now_ms - self.retention_ms) // MINUTE_MS
-        deadline = now_ms + self.attribution_ms
         records: dict[int, dict[str, bytes]] = {}
+        deadlines: dict[int, dict[str, int]] = {}
         for k, r in touched.items():
+            r.layout = self.layout.fingerprint
             records.setdefault(k.partition, {})[k.query_id] = encode(r)
-        writes = []
+            deadlines.setdefault(k.partition, {})[k.query_id] = self._deadline(r)
+        checkpoints = []
         for p in set(advanced) | set(expired) | set(dirty_buckets):
             ps = self.partitions[p]
             ps.offsets.update(advanced.get(p, {}))
@@ -286,7 +417,7 @@ class Pipeline:
             deleted = []
             for qid in expired.get(p, []):
                 if qid in written:
-                    continue  # new events in this batch keep it open
+                    continue  # events in this batch: its new deadline decides
                 record = ps.records.pop(qid, None)
                 ps.states.pop(qid, None)
                 if record is not None and record.impression is None:
@@ -296,27 +427,40 @@ class Pipeline:
                 dropped = [b for b in ps.buckets if b.minute < oldest_minute]
                 for b in dropped:
                     del ps.buckets[b]
-                buckets = {b.encode(): ps.buckets[b].tobytes()
-                           for b in dirty_buckets.get(p, ()) if b in ps.buckets}
-            writes.append(PartitionWrite(
-                partition=p, offsets=dict(ps.offsets), records=written,
-                deadlines=dict.fromkeys(written, deadline), deleted=deleted, buckets=buckets,
-                dropped_buckets=[b.encode() for b in dropped]))
-        return writes
+                rewrite = ps.buckets if ps.rewrite_buckets else dirty_buckets.get(p, ())
+                buckets = {b.encode(): ps.buckets[b].tobytes() for b in rewrite if b in ps.buckets}
+                ps.rewrite_buckets = False
+            checkpoints.append(Checkpoint(
+                partition=p, epoch=ps.epoch, layout=self.layout.fingerprint, offsets=dict(ps.offsets),
+                watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
+                deleted=deleted, buckets=buckets, dropped_buckets=[b.encode() for b in dropped]))
+        return checkpoints
+
+    def _deadline(self, record: QueryRecord) -> int:
+        """The event time at which the query closes: its impression's time plus the
+        attribution window and grace; without an impression yet, counted from its latest
+        feedback (an impression that never comes leaves it orphaned then)."""
+        if record.impression is not None:
+            return record.impression.timestamp_ms + self.attribution_ms
+        return max(fb.timestamp_ms for fb in record.pending) + self.attribution_ms
 
     # ---- labels ----
 
     def _label(self, kind: str, value: str) -> str:
-        """The value itself while fewer than the cap are known (across replicas), else `other`."""
-        label = self._labels.get((kind, value))
-        if label is None:
-            cap = self.settings.limits.max_rankers if kind == "ranker" else self.settings.limits.max_segments
-            admitted = value != OTHER and self.store.admit_label(kind, value, cap)
-            label = value if admitted else OTHER
-            if not admitted:
-                self.folded[kind] += 1
-                log.warning("label folded into 'other'", extra={"kind": kind, "value": value[:100]})
-            self._labels[(kind, value)] = label
+        """The value itself while fewer than the cap are in use (across replicas, within
+        `limits.label_idle`), else `other`. Checked again every LABEL_REFRESH_MS, which
+        also keeps an admitted value's last use fresh."""
+        now_ms = int(self.clock() * 1000)
+        cached = self._labels.get((kind, value))
+        if cached is not None and now_ms - cached[1] < LABEL_REFRESH_MS:
+            return cached[0]
+        cap = self.settings.limits.max_rankers if kind == "ranker" else self.settings.limits.max_segments
+        admitted = value != OTHER and self.store.admit_label(kind, value, cap, now_ms, self.label_idle_ms)
+        label = value if admitted else OTHER
+        if not admitted and (cached is None or cached[0] != OTHER):
+            self.folded[kind] += 1
+            log.warning("label folded into 'other'", extra={"kind": kind, "value": value[:100]})
+        self._labels[(kind, value)] = (label, now_ms)
         return label
 
     # ---- for the exporter ----

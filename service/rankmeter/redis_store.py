@@ -3,7 +3,8 @@
 A batch costs a handful of commands per partition whatever its size: records live in
 one hash per partition (one HMGET to read, one HSET to write) rather than a key each,
 since redis-py spends more on packing a command than Redis spends running it. Records
-expire through the `open` deadlines, swept by the pipeline, instead of key TTLs.
+close through the `open` deadlines (event time), swept by the pipeline, instead of key
+TTLs. A checkpoint is one Lua script (`_COMMIT`), fenced by the owner's epoch.
 
 Keys, with prefix P and partition p (all of p's keys hash to one slot):
 
@@ -12,7 +13,10 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
                                     (or orphaned) and its record deleted
     P:{P:p}:buckets        hash     ranker␟segment␟minute -> encoded window sums
     P:{P:p}:offsets        hash     topic -> next offset to read
-    P:labels:<kind>        set      the label values admitted so far (rankers, segments)
+    P:{P:p}:meta           hash     epoch (the owner's claim), layout (fingerprint of the
+                                    buckets' and records' layout), watermark:<topic>
+    P:layouts              hash     layout fingerprint -> its description (windows.Layout)
+    P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
 """
 
 from __future__ import annotations
@@ -20,45 +24,132 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
-from rankmeter.store import PartitionSnapshot, PartitionWrite
+from rankmeter.checkpoint import Checkpoint
+from rankmeter.store import FENCED, LOST, PartitionSnapshot
 
-# Admits a label value while fewer than the cap are known; atomic across replicas.
+# Admits a label value while fewer than the cap were used within the idle time; atomic
+# across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
 _ADMIT = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
-if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
   return 1
 end
 return 0
 """
 
+# A checkpoint (checkpoint.py), all or nothing. KEYS: meta, queries, open, buckets, offsets.
+# ARGV: epoch, layout, then counted sections: records (id, record), deadlines (score, id),
+# buckets, offsets, watermarks (field, value); deleted records, dropped buckets (ids).
+# Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone.
+_COMMIT = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return -1 end
+if epoch ~= ARGV[1] then return 0 end
+local i = 3
+local function section(width, apply)
+  local n = tonumber(ARGV[i]) * width
+  i = i + 1
+  -- unpack() is bounded by Lua's C stack: chunks of 4000 arguments
+  for s = i, i + n - 1, 4000 do apply(s, math.min(s + 3999, i + n - 1)) end
+  i = i + n
+end
+section(2, function(a, b) redis.call('HSET', KEYS[2], unpack(ARGV, a, b)) end)
+section(2, function(a, b) redis.call('ZADD', KEYS[3], unpack(ARGV, a, b)) end)
+section(2, function(a, b) redis.call('HSET', KEYS[4], unpack(ARGV, a, b)) end)
+section(2, function(a, b) redis.call('HSET', KEYS[5], unpack(ARGV, a, b)) end)
+section(2, function(a, b) redis.call('HSET', KEYS[1], unpack(ARGV, a, b)) end)
+section(1, function(a, b)
+  redis.call('HDEL', KEYS[2], unpack(ARGV, a, b))
+  redis.call('ZREM', KEYS[3], unpack(ARGV, a, b))
+end)
+section(1, function(a, b) redis.call('HDEL', KEYS[4], unpack(ARGV, a, b)) end)
+redis.call('HSET', KEYS[1], 'layout', ARGV[2])
+return 1
+"""
+
 
 class RedisStore:
-    def __init__(self, url: str, prefix: str = "rankmeter") -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
+    # A restarting Redis refuses connections, then answers LOADING (BusyLoadingError, a
+    # ConnectionError); a cluster mid-failover says CLUSTERDOWN.
+    unavailable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError)
+
+    def __init__(self, url: str, prefix: str = "rankmeter", cluster: bool = False) -> None:
+        self.cluster = cluster
+        self.client: redis.Redis | RedisCluster
+        if cluster:
+            # Each partition's keys share one hash tag, hence one slot: its MULTI/EXEC and
+            # scripts run on the slot's master; multi-partition reads are split per node.
+            try:
+                self.client = RedisCluster.from_url(url, socket_timeout=30, socket_connect_timeout=10)
+            except RedisClusterException as e:  # not a RedisError: callers report those
+                raise redis.ConnectionError(str(e)) from None
+        else:
+            self.client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
         self.prefix = prefix
         self._admit = self.client.register_script(_ADMIT)
+        self._commit = self.client.register_script(_COMMIT)
 
     def _key(self, partition: int, name: str) -> str:
         return f"{self.prefix}:{{{self.prefix}:{partition}}}:{name}"
 
     def ping(self) -> bool:
-        return bool(self.client.ping())
+        if self.cluster:
+            # Every master: a partition's slot may live on any of them.
+            return bool(self.client.ping(target_nodes=RedisCluster.PRIMARIES))
+        if not self.client.ping():
+            return False
+        # A cluster node answers a plain client until the first key on another node (MOVED).
+        try:
+            clustered = self.client.info("cluster").get("cluster_enabled")
+        except redis.ResponseError:  # INFO denied by an ACL or renamed: nothing to tell
+            return True
+        if clustered:
+            raise redis.RedisError("this is a Redis Cluster node: set redis.cluster (RANKMETER_REDIS_CLUSTER=true)")
+        return True
 
     def partitions(self) -> list[int]:
         """The partitions with stored state (for `rankmeter report`)."""
         pattern = f"{self.prefix}:{{{self.prefix}:*}}:offsets"
-        found = {int(key.decode().split(":")[-2].rstrip("}")) for key in self.client.scan_iter(match=pattern)}
+        # On a cluster SCAN must visit every master (redis-py's default for SCAN, named here).
+        keys = (self.client.scan_iter(match=pattern, target_nodes=RedisCluster.PRIMARIES) if self.cluster
+                else self.client.scan_iter(match=pattern))
+        found = {int(key.decode().split(":")[-2].rstrip("}")) for key in keys}
         return sorted(found)
 
+    def claim(self, partition: int) -> PartitionSnapshot:
+        return self._snapshot(partition, claim=True)
+
     def load(self, partition: int) -> PartitionSnapshot:
-        with self.client.pipeline(transaction=False) as pipe:
+        return self._snapshot(partition, claim=False)
+
+    def _snapshot(self, partition: int, claim: bool) -> PartitionSnapshot:
+        # One transaction: a new epoch and the state it owns are one snapshot.
+        with self.client.pipeline(transaction=True) as pipe:
+            if claim:
+                pipe.hincrby(self._key(partition, "meta"), "epoch", 1)
             pipe.hgetall(self._key(partition, "offsets"))
+            pipe.hgetall(self._key(partition, "meta"))
             pipe.hgetall(self._key(partition, "buckets"))
-            offsets, buckets = pipe.execute()
-        return PartitionSnapshot({k.decode(): int(v) for k, v in offsets.items()},
-                                 {k.decode(): v for k, v in buckets.items()})
+            *_, offsets, meta, buckets = pipe.execute()
+        meta = {k.decode(): v.decode() for k, v in meta.items()}
+        return PartitionSnapshot(
+            int(meta.get("epoch", 0)), {k.decode(): int(v) for k, v in offsets.items()},
+            {k[len("watermark:"):]: int(v) for k, v in meta.items() if k.startswith("watermark:")},
+            meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()})
+
+    def eviction_policy(self) -> str | None:
+        """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
+        try:
+            found = self.client.config_get("maxmemory-policy")
+        except redis.ResponseError:
+            return None
+        values = found.values() if isinstance(found, dict) else []
+        policies = {v.decode() if isinstance(v, bytes) else str(v) for v in values}
+        return policies.pop() if len(policies) == 1 else ",".join(sorted(policies))
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         with self.client.pipeline(transaction=False) as pipe:
@@ -67,38 +158,55 @@ class RedisStore:
             results = pipe.execute()
         return dict(zip(wanted, results))
 
-    def write(self, writes: Iterable[PartitionWrite]) -> None:
-        # MULTI/EXEC per partition: each transaction touches one slot, so it works on
-        # Redis Cluster too; a crash keeps a partition's state and offsets, or neither.
-        for w in writes:
-            with self.client.pipeline(transaction=True) as pipe:
-                if w.records:
-                    pipe.hset(self._key(w.partition, "queries"), mapping=w.records)
-                if w.deadlines:
-                    pipe.zadd(self._key(w.partition, "open"), w.deadlines)
-                if w.deleted:
-                    pipe.hdel(self._key(w.partition, "queries"), *w.deleted)
-                    pipe.zrem(self._key(w.partition, "open"), *w.deleted)
-                if w.buckets:
-                    pipe.hset(self._key(w.partition, "buckets"), mapping=w.buckets)
-                if w.dropped_buckets:
-                    pipe.hdel(self._key(w.partition, "buckets"), *w.dropped_buckets)
-                if w.offsets:
-                    pipe.hset(self._key(w.partition, "offsets"), mapping=w.offsets)
-                pipe.execute()
+    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+        # One script per partition: its keys share a slot, so it works on Redis Cluster
+        # too, and Redis runs it whole or not at all (checkpoint.py lists the steps).
+        refused = {}
+        for c in checkpoints:
+            keys = [self._key(c.partition, name) for name in ("meta", "queries", "open", "buckets", "offsets")]
+            args: list = [c.epoch, c.layout]
+            sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
+                        list(c.buckets.items()), list(c.offsets.items()),
+                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()])
+            for pairs in sections:
+                args.append(len(pairs))
+                args += [x for pair in pairs for x in pair]
+            for ids in (c.deleted, c.dropped_buckets):
+                args.append(len(ids))
+                args += ids
+            outcome = self._commit(keys=keys, args=args)
+            if outcome != 1:
+                refused[c.partition] = LOST if outcome == -1 else FENCED
+        return refused
 
-    def expired(self, partitions: Iterable[int], now_ms: int) -> dict[int, tuple[list[str], int]]:
-        partitions = list(partitions)
+    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
+        partitions = list(watermarks)
         with self.client.pipeline(transaction=False) as pipe:
             for p in partitions:
-                pipe.zrangebyscore(self._key(p, "open"), "-inf", now_ms)
+                pipe.zrangebyscore(self._key(p, "open"), "-inf", watermarks[p], start=0, num=limit)
                 pipe.zcard(self._key(p, "open"))
             results = pipe.execute()
         return {p: ([q.decode() for q in results[2 * i]], results[2 * i + 1])
                 for i, p in enumerate(partitions)}
 
-    def admit_label(self, kind: str, value: str, cap: int) -> bool:
-        return bool(self._admit(keys=[f"{self.prefix}:labels:{kind}"], args=[value, cap]))
+    def wipe(self, partition: int) -> None:
+        # The epoch stays: the claim that asked for the wipe keeps owning the partition.
+        with self.client.pipeline(transaction=True) as pipe:
+            for name in ("queries", "open", "buckets", "offsets"):
+                pipe.delete(self._key(partition, name))
+            pipe.hdel(self._key(partition, "meta"), "layout")
+            pipe.execute()
+
+    def save_layout(self, fingerprint: str, description: str) -> None:
+        self.client.hset(f"{self.prefix}:layouts", fingerprint, description)
+
+    def load_layout(self, fingerprint: str) -> str | None:
+        found = self.client.hget(f"{self.prefix}:layouts", fingerprint)
+        return found.decode() if found is not None else None
+
+    def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
+        return bool(self._admit(keys=[f"{self.prefix}:labels:{kind}:seen"],
+                                args=[value, cap, now_ms - idle_ms, now_ms]))
 
     def close(self) -> None:
         self.client.close()

@@ -21,6 +21,7 @@ log = logging.getLogger("rankmeter.serve")
 
 LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
+RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store
 
 
 def tune_gc() -> None:
@@ -66,9 +67,12 @@ def create_topics(settings: Settings, partitions: int) -> None:
 
 
 def run(settings: Settings, source: Source, store: Store, stop: threading.Event | None = None,
-        on_start: Callable[[Pipeline, int], None] | None = None) -> None:
+        on_start: Callable[[Pipeline, int], None] | None = None, rebuild: bool = False,
+        clock: Callable[[], float] = time.time) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when on the main thread).
-    `on_start(pipeline, metrics_port)` is called once consuming starts (the demo uses it)."""
+    `on_start(pipeline, metrics_port)` is called once consuming starts (the demo uses it).
+    `rebuild`: partitions whose stored state is lost are rebuilt from the topics instead
+    of refused. `clock` is the wall clock (windows end at its now; tests shift it)."""
     stop = stop or threading.Event()
     tune_gc()
     health = Health()
@@ -77,13 +81,19 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     def dead_letter(record: Record, reason: str) -> None:
         source.produce(k.dead_letter_topic, record.key, record.value, dead_letter_headers(record, reason))
 
-    pipeline = Pipeline(settings, store, dead_letter)
+    pipeline = Pipeline(settings, store, dead_letter, clock=clock)
+    unavailable = store.unavailable
     lag: dict[tuple[str, int], int] = {}
     exporter = Exporter(pipeline, health, lambda: dict(lag))
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
 
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
-        resume = pipeline.assign(partitions)
+        try:
+            resume = pipeline.assign(partitions, source.committed(partitions), rebuild)
+        except unavailable as e:
+            # Raised inside the client's rebalance: leave the partitions paused; the loop recovers.
+            health.problem = f"state store unavailable while loading partitions: {type(e).__name__}"
+            return {}
         health.ready = True
         return resume
 
@@ -99,12 +109,22 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     consumed = 0
     try:
         while not stop.is_set():
+            if health.problem and health.problem.startswith("state store unavailable"):
+                _recover(pipeline, source, store, health, stop, rebuild)
+                continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
             if records:
                 started = time.perf_counter()
                 try:
                     offsets = pipeline.process(records)
+                except unavailable as e:
+                    # The batch may or may not be stored: reload every partition from the
+                    # store (state and offsets agree there) once it answers again.
+                    log.error("the state store failed during a batch; reloading from it once it answers",
+                              extra={"error": type(e).__name__})
+                    health.problem = f"state store unavailable: {type(e).__name__}"
+                    continue
                 except Exception:
                     # Memory may now be ahead of the store: only a restart, which resumes from
                     # the stored state and offsets, is safe.
@@ -114,6 +134,11 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 exporter.batch_records.observe(len(records))
                 source.commit(offsets)
                 consumed += len(records)
+                if pipeline.fenced:
+                    pipeline.revoke(list(pipeline.partitions))
+                    pipeline.fenced.clear()
+                    source.rejoin()
+            health.problem = _lost_problem(pipeline) or health.problem
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.clear()
@@ -128,3 +153,32 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         source.close()
         store.close()
         exporter.stop()
+
+
+def _lost_problem(pipeline: Pipeline) -> str:
+    if not pipeline.lost:
+        return ""
+    return (f"state lost for partitions {sorted(pipeline.lost)}: not consuming them; "
+            f"restart with `rankmeter serve --rebuild` to rebuild them from the topics")
+
+
+def _recover(pipeline: Pipeline, source: Source, store: Store, health: Health,
+             stop: threading.Event, rebuild: bool) -> None:
+    """Wait for the store with bounded backoff (staying alive, not ready), then reload
+    the assigned partitions from it and resume the consumer at the stored offsets."""
+    pipeline.revoke(list(pipeline.partitions))
+    delay = RECOVERY_BACKOFF_S[0]
+    while not stop.is_set():
+        health.beat()  # alive, but not ready
+        try:
+            partitions = source.assigned()
+            source.seek(pipeline.assign(partitions, source.committed(partitions), rebuild))
+        except store.unavailable as e:
+            log.warning("state store still unavailable; retrying", extra={"error": type(e).__name__,
+                                                                          "retry_in_s": delay})
+            stop.wait(delay)
+            delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
+            continue
+        log.info("state store answers again: partitions reloaded", extra={"partitions": partitions})
+        health.problem = _lost_problem(pipeline)
+        return

@@ -21,7 +21,8 @@ class Record(NamedTuple):
 
 
 # Called with partition numbers (the topics are co-partitioned): assignment returns the
-# stored (topic, partition) -> offset to resume from.
+# stored (topic, partition) -> offset to resume from; a partition it leaves out is paused
+# (the pipeline refused it: its stored state is lost).
 OnAssign = Callable[[list[int]], dict[tuple[str, int], int]]
 OnRevoke = Callable[[list[int]], None]
 
@@ -30,6 +31,13 @@ class Source(Protocol):
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None: ...
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]: ...
     def commit(self, offsets: dict[tuple[str, int], int]) -> None: ...
+    def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
+        """Offsets committed to the broker for these partitions of the subscribed topics."""
+    def assigned(self) -> list[int]: ...
+    def seek(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Resume from these offsets; assigned partitions not named are paused."""
+    def rejoin(self) -> None:
+        """Leave the group and join again (after being fenced): a fresh assignment."""
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None: ...
     def lag(self) -> dict[tuple[str, int], int]: ...
@@ -43,9 +51,10 @@ class Bus:
         self.partitions = partitions
         self.logs: dict[str, list[list[Record]]] = {}
         self.positions: dict[tuple[str, int], int] = {}
-        self.committed: dict[tuple[str, int], int] = {}
+        self.committed_offsets: dict[tuple[str, int], int] = {}
         self.topics: list[str] = []
         self._lock = threading.Lock()
+        self._on_assign: OnAssign = lambda partitions: {}
         self._on_revoke: OnRevoke | None = None
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
@@ -57,11 +66,24 @@ class Bus:
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         self.topics = list(topics)
-        self._on_revoke = on_revoke
-        resume = on_assign(list(range(self.partitions)))
-        for t in self.topics:
-            for p in range(self.partitions):
-                self.positions[(t, p)] = resume.get((t, p), 0)
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self.seek(on_assign(self.assigned()))
+
+    def assigned(self) -> list[int]:
+        return list(range(self.partitions))
+
+    def seek(self, offsets: dict[tuple[str, int], int]) -> None:
+        with self._lock:
+            self.positions = {(t, p): offsets[(t, p)] for t in self.topics for p in range(self.partitions)
+                              if (t, p) in offsets}
+
+    def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
+        return {(t, p): o for (t, p), o in self.committed_offsets.items() if p in partitions}
+
+    def rejoin(self) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke(self.assigned())
+        self.seek(self._on_assign(self.assigned()))
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         out: list[Record] = []
@@ -80,7 +102,7 @@ class Bus:
         return out
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
-        self.committed.update(offsets)
+        self.committed_offsets.update(offsets)
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:

@@ -1,9 +1,11 @@
-"""The state store port: per-partition query records, window buckets and offsets.
+"""The state store port: per-partition query records, window buckets, offsets and the
+owner's epoch.
 
 Everything about partition p lives together (in Redis under one hash tag), and a poll
-batch's changes are written with the partition's new offsets in one transaction, so a
-crash keeps both or neither (brief §8). `MemoryStore` is the embedded implementation
-for the demo and unit tests; `RedisStore` (redis_store.py) is the real one.
+batch's changes are committed with the partition's new offsets as one `Checkpoint`
+(checkpoint.py), so a crash keeps both or neither (brief §8). `MemoryStore` is the
+embedded implementation for the demo and unit tests; `RedisStore` (redis_store.py) is
+the real one.
 """
 
 from __future__ import annotations
@@ -11,37 +13,49 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
+from rankmeter.checkpoint import Checkpoint
 
-class PartitionWrite(NamedTuple):
-    """One partition's changes from one batch; applied atomically."""
-    partition: int
-    offsets: dict[str, int]         # topic -> next offset to read
-    records: dict[str, bytes]       # query id -> encoded QueryRecord
-    deadlines: dict[str, int]       # query id -> when it closes (ms since epoch)
-    deleted: list[str]              # query ids closed or orphaned
-    buckets: dict[str, bytes]       # bucket field -> encoded sums
-    dropped_buckets: list[str]      # buckets past every window
+FENCED, LOST = "fenced", "lost"  # why a checkpoint was refused
 
 
 class PartitionSnapshot(NamedTuple):
-    offsets: dict[str, int]
+    epoch: int                   # this claim's epoch: checkpoints carry it
+    offsets: dict[str, int]      # empty: the partition has no stored state
+    watermarks: dict[str, int]
+    layout: str                  # fingerprint of the stored buckets' layout ("" if none)
     buckets: dict[str, bytes]
 
 
 class Store(Protocol):
-    def load(self, partition: int) -> PartitionSnapshot: ...
+    # What the store raises while it cannot be reached (serve waits and reloads).
+    unavailable: tuple[type[Exception], ...]
+
+    def claim(self, partition: int) -> PartitionSnapshot:
+        """Become the partition's owner (a new epoch, atomically) and load its state."""
+
+    def load(self, partition: int) -> PartitionSnapshot:
+        """The partition's state, read only (`rankmeter report`): no claim."""
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         """Query records of several partitions in one round trip (None where unknown)."""
 
-    def write(self, writes: Iterable[PartitionWrite]) -> None:
-        """Each partition's changes in one transaction."""
+    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+        """Each checkpoint atomically; returns the refused ones: partition -> FENCED or LOST."""
 
-    def expired(self, partitions: Iterable[int], now_ms: int) -> dict[int, tuple[list[str], int]]:
-        """Per partition: query ids whose deadline has passed, and how many are open."""
+    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
+        """Per partition: up to `limit` query ids whose deadline is at or before the
+        partition's watermark, and how many queries are open."""
 
-    def admit_label(self, kind: str, value: str, cap: int) -> bool:
-        """Whether `value` may be its own label of `kind` (at most `cap` of them, ever)."""
+    def wipe(self, partition: int) -> None:
+        """Delete the partition's state (before rebuilding it from the topics)."""
+
+    def save_layout(self, fingerprint: str, description: str) -> None: ...
+
+    def load_layout(self, fingerprint: str) -> str | None: ...
+
+    def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
+        """Whether `value` may be its own label of `kind`: at most `cap` values seen in the
+        last `idle_ms` (across replicas); admitting refreshes the value's last use."""
 
     def close(self) -> None: ...
 
@@ -49,44 +63,78 @@ class Store(Protocol):
 class MemoryStore:
     """The store in this process's memory: for the embedded demo and unit tests."""
 
+    unavailable: tuple[type[Exception], ...] = ()
+
     def __init__(self) -> None:
+        self.epochs: dict[int, int] = {}
         self.offsets: dict[int, dict[str, int]] = {}
+        self.watermarks: dict[int, dict[str, int]] = {}
+        self.layouts: dict[int, str] = {}
         self.records: dict[int, dict[str, bytes]] = {}
         self.deadlines: dict[int, dict[str, int]] = {}
         self.buckets: dict[int, dict[str, bytes]] = {}
-        self.labels: dict[str, set[str]] = {}
+        self.descriptions: dict[str, str] = {}
+        self.labels: dict[str, dict[str, int]] = {}
+
+    def claim(self, partition: int) -> PartitionSnapshot:
+        self.epochs[partition] = self.epochs.get(partition, 0) + 1
+        return self.load(partition)
 
     def load(self, partition: int) -> PartitionSnapshot:
-        return PartitionSnapshot(dict(self.offsets.get(partition, {})),
-                                 dict(self.buckets.get(partition, {})))
+        p = partition
+        return PartitionSnapshot(self.epochs.get(p, 0), dict(self.offsets.get(p, {})), dict(self.watermarks.get(p, {})),
+                                 self.layouts.get(p, ""), dict(self.buckets.get(p, {})))
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         return {p: [self.records.get(p, {}).get(q) for q in qids] for p, qids in wanted.items()}
 
-    def write(self, writes: Iterable[PartitionWrite]) -> None:
-        for w in writes:
-            p = w.partition
-            self.offsets.setdefault(p, {}).update(w.offsets)
-            self.records.setdefault(p, {}).update(w.records)
-            self.deadlines.setdefault(p, {}).update(w.deadlines)
-            for q in w.deleted:
+    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+        refused = {}
+        for c in checkpoints:
+            p = c.partition
+            if p not in self.epochs:
+                refused[p] = LOST
+                continue
+            if self.epochs[p] != c.epoch:
+                refused[p] = FENCED
+                continue
+            self.records.setdefault(p, {}).update(c.records)
+            self.deadlines.setdefault(p, {}).update(c.deadlines)
+            for q in c.deleted:
                 self.records[p].pop(q, None)
                 self.deadlines[p].pop(q, None)
-            self.buckets.setdefault(p, {}).update(w.buckets)
-            for field in w.dropped_buckets:
+            self.buckets.setdefault(p, {}).update(c.buckets)
+            for field in c.dropped_buckets:
                 self.buckets[p].pop(field, None)
+            self.layouts[p] = c.layout
+            self.offsets.setdefault(p, {}).update(c.offsets)
+            self.watermarks.setdefault(p, {}).update(c.watermarks)
+        return refused
 
-    def expired(self, partitions: Iterable[int], now_ms: int) -> dict[int, tuple[list[str], int]]:
+    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         out = {}
-        for p in partitions:
+        for p, watermark in watermarks.items():
             deadlines = self.deadlines.get(p, {})
-            out[p] = ([q for q, d in deadlines.items() if d <= now_ms], len(deadlines))
+            due = sorted((d, q) for q, d in deadlines.items() if d <= watermark)[:limit]
+            out[p] = ([q for _, q in due], len(deadlines))
         return out
 
-    def admit_label(self, kind: str, value: str, cap: int) -> bool:
-        known = self.labels.setdefault(kind, set())
-        if value in known or len(known) < cap:
-            known.add(value)
+    def wipe(self, partition: int) -> None:
+        for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets):
+            table.pop(partition, None)
+
+    def save_layout(self, fingerprint: str, description: str) -> None:
+        self.descriptions[fingerprint] = description
+
+    def load_layout(self, fingerprint: str) -> str | None:
+        return self.descriptions.get(fingerprint)
+
+    def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
+        seen = self.labels.setdefault(kind, {})
+        for v in [v for v, last in seen.items() if last < now_ms - idle_ms]:
+            del seen[v]
+        if value in seen or len(seen) < cap:
+            seen[value] = now_ms
             return True
         return False
 

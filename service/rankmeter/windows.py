@@ -15,14 +15,18 @@ minute lies in it, computed when Prometheus scrapes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 SLOTS = 5  # per measure: the fields of Sums
-BINS = 11  # per distributed measure: queries with value in [0, .1), [.1, .2), …, [.9, 1], above 1
+BINS = 11  # per distributed measure: queries with value in [0, .1], (.1, .2], …, (.9, 1], above 1
 BIN_EDGES = ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "+Inf")
+# Upper bounds, inclusive as Prometheus' `le` is: 0.5 falls in the bin exported as le="0.5".
+_UPPER = np.array([float(e) for e in BIN_EDGES[:-1]])
 MINUTE_MS = 60_000
 
 
@@ -56,11 +60,19 @@ class BucketKey(NamedTuple):
 
 
 class Layout:
-    """Where each measure's sums sit in a contribution vector."""
+    """Where each measure's sums sit in a contribution vector.
+
+    Stored sums are tied to the layout that wrote them by `fingerprint`. Each measure has
+    an identity (`ids`): its name, plus, for quality measures, what its values depend on
+    (grade map, relevance level, empty-query policy). When the configuration changes,
+    `remap` carries the sums of every measure whose identity is unchanged, starts new
+    ones at zero and drops removed ones, so a sum is never exported under another name.
+    """
 
     def __init__(self, metric_names: list[str], averaged_over_all: Iterable[str],
-                 distributed: Iterable[str] = ()) -> None:
+                 distributed: Iterable[str] = (), ids: list[str] | None = None) -> None:
         self.names = metric_names
+        self.ids = ids if ids is not None else list(metric_names)
         over_all = set(averaged_over_all)
         self.over_all = np.array([n in over_all for n in metric_names])
         self.distributed = [n for n in metric_names if n in set(distributed)]
@@ -68,6 +80,38 @@ class Layout:
         self.bins_start = SLOTS * len(metric_names)
         self.size = self.bins_start + BINS * len(self.distributed) + 2
         self.all_slot, self.judged_slot = self.size - 2, self.size - 1
+        self.description = json.dumps({"ids": self.ids, "over_all": sorted(over_all & set(metric_names)),
+                                       "distributed": [self.ids[c] for c in self._distributed_columns],
+                                       "names": metric_names}, sort_keys=True)
+        self.fingerprint = hashlib.sha256(self.description.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_description(cls, description: str) -> Layout:
+        d = json.loads(description)
+        distributed = {d["names"][d["ids"].index(i)] for i in d["distributed"]}
+        return cls(d["names"], d["over_all"], distributed, d["ids"])
+
+    def _slots(self) -> dict[tuple[str, int], int]:
+        """(identity, k) -> index: k < SLOTS for the sums, SLOTS + b for bin b, and the two
+        query counts under their own identities."""
+        slots = {(i, k): SLOTS * c + k for c, i in enumerate(self.ids) for k in range(SLOTS)}
+        for j, c in enumerate(self._distributed_columns):
+            slots.update({(self.ids[c], SLOTS + b): self.bins_start + BINS * j + b for b in range(BINS)})
+        slots[("queries", 0)], slots[("queries", 1)] = self.all_slot, self.judged_slot
+        return slots
+
+    def remap(self, old: Layout) -> tuple[np.ndarray, np.ndarray]:
+        """Index arrays (target, source): `new[target] = old_vector[source]` carries what
+        both layouts share; the rest of a new vector starts at zero."""
+        mine, theirs = self._slots(), old._slots()
+        shared = [k for k in mine if k in theirs]
+        return np.array([mine[k] for k in shared], dtype=int), np.array([theirs[k] for k in shared], dtype=int)
+
+    def convert(self, vector: np.ndarray, old: Layout) -> np.ndarray:
+        target, source = self.remap(old)
+        out = np.zeros(self.size)
+        out[target] = vector[source]
+        return out
 
     def contributions(self, values: np.ndarray, nums: np.ndarray, dens: np.ndarray,
                       judged: np.ndarray) -> np.ndarray:
@@ -85,8 +129,7 @@ class Layout:
         sums[:, :, 4] = np.where(counted, values * values, 0.0)
         rows = np.arange(q)
         for j, col in enumerate(self._distributed_columns):
-            v = np.nan_to_num(values[:, col])
-            bin_index = np.where(v <= 1.0, np.minimum(np.floor(v * 10), 9), 10).astype(int)
+            bin_index = np.searchsorted(_UPPER, np.nan_to_num(values[:, col]), side="left")
             out[rows, self.bins_start + BINS * j + bin_index] = counted[:, col]
         out[:, self.all_slot] = 1.0
         out[:, self.judged_slot] = judged
@@ -107,7 +150,8 @@ class WindowView(NamedTuple):
 def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layout,
                  windows: Mapping[str, int], now_ms: int) -> list[WindowView]:
     """Sum the buckets of every (ranker, segment) over each window ending now.
-    The window of `size` holds the minutes (now − size, now]."""
+    The window of `size` holds the minutes (now − size, now]: buckets stamped in the
+    future (clock skew, within `windows.max_future`) count once their minute has come."""
     now_minute = now_ms // MINUTE_MS
     groups: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = {}
     for partition_buckets in buckets:
@@ -118,7 +162,7 @@ def window_views(buckets: Iterable[Mapping[BucketKey, np.ndarray]], layout: Layo
         minutes = np.array([m for m, _ in entries])
         vectors = np.stack([v for _, v in entries])
         for window, size_ms in windows.items():
-            inside = minutes > now_minute - size_ms // MINUTE_MS
+            inside = (minutes > now_minute - size_ms // MINUTE_MS) & (minutes <= now_minute)
             total = vectors[inside].sum(axis=0) if inside.any() else np.zeros(layout.size)
             sums = {name: Sums(*total[SLOTS * i:SLOTS * i + SLOTS].tolist())
                     for i, name in enumerate(layout.names)}
