@@ -216,8 +216,8 @@ def test_an_outage_longer_than_the_attribution_window_loses_no_feedback():
     assert restarted.events == {("impressions", "applied"): 1, ("feedback", "applied"): 2}
     ctr = next(v for v in restarted.views() if v.ranker == "a" and v.window == "1h").sums["CTR"]
     assert (ctr.numerator, ctr.denominator) == (2 + 1, 2 + 2)   # q: x and y clicked; after: x
-    # Event time is now 40 min past q: it closed after its feedback joined; its contribution stays.
-    assert "q" not in store.records[0] and "after" in store.records[0]
+    # q stays open: editors' judgments are accepted for 24 h (windows.judgments).
+    assert "q" in store.records[0] and store.deadlines[0]["q"] == now_ms + 24 * 3_600_000
 
 
 def test_feedback_keyed_by_something_else_is_dead_lettered():
@@ -310,10 +310,26 @@ def test_configuration_changes_carry_unchanged_measures_and_never_relabel():
 def test_late_feedback_is_counted_not_applied():
     now_ms = int(NOW_S * 1000)
     stream = [(IMPRESSIONS, "q", {"query_id": "q", "ranker": "a", "timestamp": now_ms - 40 * 60_000, "results": ["x"]}),
-              (FEEDBACK, "q", {"query_id": "q", "action": "judgment", "doc_id": "x", "grade": 2, "timestamp": now_ms})]
+              (FEEDBACK, "q", {"query_id": "q", "action": "click", "doc_id": "x", "timestamp": now_ms})]
     pipeline = run(stream)
     assert pipeline.events[("feedback", "late")] == 1
     assert next(v for v in pipeline.views() if v.window == "1h").queries_judged == 0
+
+
+def test_judgments_apply_for_as_long_as_windows_keep_the_query():
+    """Editors judge hours later: a judgment 3 h after the impression applies (the click
+    beside it is late), one after `windows.judgments` (24 h) is late."""
+    now_ms = int(NOW_S * 1000)
+    judgment = lambda qid, t: (FEEDBACK, {"query_id": qid, "action": "judgment", "doc_id": "x", "grade": 2,
+                                          "timestamp": t, "event_id": f"{qid}.j.{t}"})
+    clock = Clock()
+    pipeline, feed = one_partition([impression("q", now_ms - 3 * 3_600_000)], clock=clock)
+    feed([click("q", now_ms), judgment("q", now_ms)])
+    assert pipeline.events[("feedback", "late")] == 1 and pipeline.events[("feedback", "applied")] == 1
+    assert next(v for v in pipeline.views() if v.window == "24h").queries_judged == 1
+    clock.t += 22 * 3600
+    feed([judgment("q", now_ms + 22 * 3_600_000 - 1)])   # 25 h after the impression
+    assert pipeline.events[("feedback", "late")] == 2
 
 
 def test_a_flooded_query_dead_letters_what_exceeds_the_cap():

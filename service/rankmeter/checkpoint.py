@@ -7,7 +7,7 @@ step (one Lua script on the partition's hash tag in Redis), in this order:
 
     1. check the epoch: the partition is still ours. A newer owner has claimed it (this
        process stalled past the poll interval: a zombie) -> refused, nothing written
-       (`Fenced`). The epoch is gone (Redis lost its data) -> refused (`StateLost`).
+       (store.FENCED). The epoch is gone (Redis lost its data) -> refused (store.LOST).
     2. write the records that changed, with their event-time deadlines;
     3. delete the records that closed (or were orphaned);
     4. write the buckets that changed, delete the ones past every window;
@@ -35,19 +35,3 @@ class Checkpoint(NamedTuple):
     deleted: list[str]              # query ids closed or orphaned
     buckets: dict[str, bytes]       # bucket field -> encoded sums
     dropped_buckets: list[str]      # buckets past every window
-
-
-class Fenced(Exception):
-    """Another owner claimed these partitions: this process must drop them and rejoin."""
-
-    def __init__(self, partitions: list[int]) -> None:
-        super().__init__(f"partitions {partitions} were claimed by another replica")
-        self.partitions = partitions
-
-
-class StateLost(Exception):
-    """The store no longer holds these partitions' state (restarted empty, flushed)."""
-
-    def __init__(self, partitions: list[int]) -> None:
-        super().__init__(f"the state store lost the state of partitions {partitions}")
-        self.partitions = partitions

@@ -164,14 +164,14 @@ def _connect(settings, create_topics: int | None):
     """The real store and source, checked: Redis answers, the topics are co-partitioned."""
     from rankmeter.kafka_source import KafkaSource
     from rankmeter.redis_store import RedisStore
-    from rankmeter.serve import create_topics as create
+    from rankmeter.kafka_source import create_topics as create
 
     with _reaching(settings):
         store = RedisStore(settings.redis.url, settings.redis.key_prefix, settings.redis.cluster)
         store.ping()
         _check_eviction(settings, store)
         if create_topics:
-            create(settings, create_topics)
+            create(settings.kafka, create_topics)
         source = KafkaSource(settings.kafka)
         source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
     return store, source
@@ -208,14 +208,14 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from rankmeter import logs
     from rankmeter.demo import kafka_sender
-    from rankmeter.serve import create_topics
+    from rankmeter.kafka_source import create_topics
     from rankmeter.simulator.traffic import Simulator
 
     settings = _settings(args)
     logs.configure(settings.log_level)
     with _reaching(settings):
         if args.create_topics:
-            create_topics(settings, args.create_topics)
+            create_topics(settings.kafka, args.create_topics)
         send = kafka_sender(settings)
     simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at)
     duration = args.duration if args.duration is not None or args.count is not None else 60.0

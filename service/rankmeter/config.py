@@ -65,6 +65,10 @@ class Windows(msgspec.Struct, forbid_unknown_fields=True):
     sizes: list[str] = msgspec.field(default_factory=lambda: ["5m", "1h", "24h"])
     attribution: str = "30m"   # feedback is accepted this long after the impression ...
     grace: str = "5m"          # ... plus this
+    # Explicit judgments (editors) are accepted this long after the impression: by default
+    # as long as the largest default window shows the query. Records stay in the store as
+    # long, so this sets the store's size (docs/delivery.md).
+    judgments: str = "24h"
     max_past: str = "7d"       # older event timestamps are invalid
     max_future: str = "1h"     # so are timestamps further ahead than this
 
@@ -201,7 +205,7 @@ def _check(s: Settings) -> None:
     def fail(setting: str, problem: str) -> None:
         raise ConfigError(f"invalid configuration: {setting}: {problem}")
 
-    for name in ("attribution", "grace", "max_past", "max_future"):
+    for name in ("attribution", "grace", "judgments", "max_past", "max_future"):
         try:
             duration_ms(getattr(s.windows, name))
         except ValueError as e:

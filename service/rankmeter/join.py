@@ -7,6 +7,7 @@ Pure functions on `QueryRecord`; the pipeline loads and stores the records.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -43,7 +44,18 @@ class QueryRecord(msgspec.Struct, array_like=True):
         return {doc: self.grade(doc) for doc in docs}
 
 
-def apply_impression(record: QueryRecord, impression: Impression, attribution_ms: int
+class Attribution(NamedTuple):
+    """How long after its impression a query accepts feedback (event time, grace
+    included): clicks and other implicit signals, and explicit judgments, which editors
+    send hours or days later."""
+    implicit_ms: int
+    explicit_ms: int
+
+    def accepts(self, impression_ms: int, fb: Feedback) -> bool:
+        return fb.timestamp_ms <= impression_ms + (self.explicit_ms if fb.explicit else self.implicit_ms)
+
+
+def apply_impression(record: QueryRecord, impression: Impression, attribution: Attribution
                      ) -> tuple[str, list[tuple[str, str]]]:
     """Returns the impression's outcome and, for feedback that was waiting for it, the
     (outcome, document) of each. The first impression of a query wins."""
@@ -51,10 +63,10 @@ def apply_impression(record: QueryRecord, impression: Impression, attribution_ms
         return ("duplicate" if record.impression == impression else "conflict"), []
     record.impression = impression
     waiting, record.pending = record.pending, []
-    return "applied", [(_apply(record, fb, attribution_ms), fb.doc_id) for fb in waiting]
+    return "applied", [(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
 
 
-def apply_feedback(record: QueryRecord, feedback: Feedback, attribution_ms: int,
+def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribution,
                    max_events: int = 10_000) -> str:
     """`applied`, `duplicate`, `pending` (no impression yet), `late`, `unmatched`, or
     `flooded` when the query already had `max_events` feedback events (a runaway or
@@ -67,13 +79,13 @@ def apply_feedback(record: QueryRecord, feedback: Feedback, attribution_ms: int,
     if record.impression is None:
         record.pending.append(feedback)
         return "pending"
-    return _apply(record, feedback, attribution_ms)
+    return _apply(record, feedback, attribution)
 
 
-def _apply(record: QueryRecord, fb: Feedback, attribution_ms: int) -> str:
+def _apply(record: QueryRecord, fb: Feedback, attribution: Attribution) -> str:
     impression = record.impression
     assert impression is not None
-    if fb.timestamp_ms > impression.timestamp_ms + attribution_ms:
+    if not attribution.accepts(impression.timestamp_ms, fb):
         return "late"
     shown = fb.doc_id in impression.results  # the impression's ranks win over `position`
     if fb.explicit:

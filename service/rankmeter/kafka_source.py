@@ -15,7 +15,8 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaConfigurationError
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
@@ -145,3 +146,24 @@ class KafkaSource:
         self.producer.close(timeout=10)
         self.consumer.close(autocommit=False)
         self._offsets.close(autocommit=False)
+
+
+def create_topics(settings: KafkaSettings, partitions: int) -> None:
+    """Create the three topics when missing (impressions and feedback co-partitioned)."""
+    security = {k: v for k, v in settings.client.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
+    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers.split(","),
+                             client_id="rankmeter-admin", **security)
+    try:
+        existing = set(admin.list_topics())
+        k = settings
+        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1)
+                   for t in (k.impressions_topic, k.feedback_topic, k.dead_letter_topic)
+                   if t not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another replica was first
+            log.info("topics created", extra={"topics": [t.name for t in missing], "partitions": partitions})
+    finally:
+        admin.close()

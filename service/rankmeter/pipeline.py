@@ -27,7 +27,7 @@ import numpy as np
 from rankmeter.config import Settings, duration_ms
 from rankmeter.engine import QueryState, evaluate, parse_all, stack
 from rankmeter.events import Decoder, Feedback, Impression, Rejected
-from rankmeter.join import (ONLINE_SIGNALS, UNDEFINED, QueryRecord, apply_feedback,
+from rankmeter.join import (ONLINE_SIGNALS, UNDEFINED, Attribution, QueryRecord, apply_feedback,
                             apply_impression, online_ratios)
 from rankmeter.source import Record
 from rankmeter.checkpoint import Checkpoint
@@ -99,10 +99,12 @@ class Pipeline:
         self.layout = layout_for(settings)
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
-        self.attribution_ms = duration_ms(settings.windows.attribution) + duration_ms(settings.windows.grace)
+        w = settings.windows
+        implicit_ms = duration_ms(w.attribution) + duration_ms(w.grace)
+        self.attribution = Attribution(implicit_ms, max(implicit_ms, duration_ms(w.judgments)))
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
         # Buckets are kept while feedback can still change them and a window shows them.
-        self.retention_ms = max(self.windows.values()) + self.attribution_ms
+        self.retention_ms = max(self.windows.values()) + self.attribution.explicit_ms
         self.label_idle_ms = duration_ms(settings.limits.label_idle)
         self.events: Counter[tuple[str, str]] = Counter()   # (stream, outcome)
         self.folded: Counter[str] = Counter()               # label kind -> values folded
@@ -319,7 +321,7 @@ class Pipeline:
                 record = cache[event.query_id]
                 touched[key] = record
                 if isinstance(event, Impression):
-                    outcome, waiting = apply_impression(record, event, self.attribution_ms)
+                    outcome, waiting = apply_impression(record, event, self.attribution)
                     count[("impressions", outcome)] += 1
                     if outcome == "applied":
                         record.ranker_label = self._label("ranker", event.ranker)
@@ -328,7 +330,7 @@ class Pipeline:
                         for fb_outcome, _ in waiting:
                             count[("feedback", fb_outcome)] += 1
                 else:
-                    outcome = apply_feedback(record, event, self.attribution_ms, self.max_events)
+                    outcome = apply_feedback(record, event, self.attribution, self.max_events)
                     if outcome == "flooded":
                         outcome = "invalid"
                         self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
@@ -438,11 +440,13 @@ class Pipeline:
 
     def _deadline(self, record: QueryRecord) -> int:
         """The event time at which the query closes: its impression's time plus the
-        attribution window and grace; without an impression yet, counted from its latest
-        feedback (an impression that never comes leaves it orphaned then)."""
+        longest attribution (judgments'); without an impression yet, counted from its
+        latest feedback (an impression that never comes leaves it orphaned then)."""
         if record.impression is not None:
-            return record.impression.timestamp_ms + self.attribution_ms
-        return max(fb.timestamp_ms for fb in record.pending) + self.attribution_ms
+            return record.impression.timestamp_ms + self.attribution.explicit_ms
+        explicit = any(fb.explicit for fb in record.pending)
+        window = self.attribution.explicit_ms if explicit else self.attribution.implicit_ms
+        return max(fb.timestamp_ms for fb in record.pending) + window
 
     # ---- labels ----
 

@@ -42,30 +42,6 @@ def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
             ("rankmeter.source.offset", str(record.offset).encode())]
 
 
-def create_topics(settings: Settings, partitions: int) -> None:
-    """Create the three topics when missing (impressions and feedback co-partitioned)."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    security = {k: v for k, v in settings.kafka.client.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers.split(","),
-                             client_id="rankmeter-admin", **security)
-    try:
-        existing = set(admin.list_topics())
-        k = settings.kafka
-        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1)
-                   for t in (k.impressions_topic, k.feedback_topic, k.dead_letter_topic)
-                   if t not in existing]
-        if missing:
-            try:
-                admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another replica was first
-            log.info("topics created", extra={"topics": [t.name for t in missing], "partitions": partitions})
-    finally:
-        admin.close()
-
-
 def run(settings: Settings, source: Source, store: Store, stop: threading.Event | None = None,
         on_start: Callable[[Pipeline, int], None] | None = None, rebuild: bool = False,
         clock: Callable[[], float] = time.time) -> None:
