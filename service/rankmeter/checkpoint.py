@@ -10,7 +10,8 @@ step (one Lua script on the partition's hash tag in Redis), in this order:
        (store.FENCED). The epoch is gone (Redis lost its data) -> refused (store.LOST).
     2. write the records that changed, with their event-time deadlines;
     3. delete the records that closed (or were orphaned);
-    4. write the buckets that changed, delete the ones past every window;
+    4. write the buckets that changed, delete the ones past every window, write the
+       experiment's arm sums that changed;
     5. record the layout fingerprint the buckets and records are written in;
     6. record the new offsets and watermarks.
 
@@ -35,3 +36,4 @@ class Checkpoint(NamedTuple):
     deleted: list[str]              # query ids closed or orphaned
     buckets: dict[str, bytes]       # bucket field -> encoded sums
     dropped_buckets: list[str]      # buckets past every window
+    ab: dict[str, bytes] = {}       # experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -82,6 +83,16 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     ubi_ranker_attribute: str = "ranker"
 
 
+class AB(msgspec.Struct, forbid_unknown_fields=True):
+    """An A/B experiment: every ranker other than the baseline is compared with it."""
+    baseline: str = ""          # the control ranker; empty: no experiment
+    split: dict[str, float] = {}  # expected traffic share per ranker (the sample-ratio check)
+    alpha: float = 0.05
+    mixture_variance: float = 0.0  # τ² of the mSPRT mixture; 0: ab.stats.DEFAULT_TAU2
+    min_queries: int = 100      # per arm, before any statistic is exported
+    start: str = ""             # epoch ms or RFC 3339; empty: the first impression of another ranker
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     kafka: Kafka = msgspec.field(default_factory=Kafka)
     redis: Redis = msgspec.field(default_factory=Redis)
@@ -89,12 +100,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     evaluation: Evaluation = msgspec.field(default_factory=Evaluation)
     windows: Windows = msgspec.field(default_factory=Windows)
     limits: Limits = msgspec.field(default_factory=Limits)
+    ab: AB = msgspec.field(default_factory=AB)
     log_level: str = "INFO"
 
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "kafka": Kafka, "redis": Redis, "metrics": Metrics, "evaluation": Evaluation,
-    "windows": Windows, "limits": Limits}
+    "windows": Windows, "limits": Limits, "ab": AB}
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -106,6 +118,13 @@ def duration_ms(text: str) -> int:
     if not m:
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 7d")
     return int(m[1]) * _UNIT_MS[m[2]]
+
+
+def time_ms(text: str) -> int:
+    """Epoch milliseconds, or an RFC 3339 time (`2026-12-01T09:00:00Z`) -> milliseconds."""
+    if text.strip().isdigit():
+        return int(text)
+    return int(datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -241,5 +260,18 @@ def _check(s: Settings) -> None:
     for name in ("max_results", "max_events_per_query", "max_rankers", "max_segments"):
         if getattr(s.limits, name) < 1:
             fail(f"limits.{name}", "must be at least 1")
+    if not 0 < s.ab.alpha < 1:
+        fail("ab.alpha", "must be between 0 and 1")
+    if s.ab.mixture_variance < 0:
+        fail("ab.mixture_variance", "must be >= 0")
+    if s.ab.min_queries < 2:
+        fail("ab.min_queries", "must be at least 2")
+    if any(share <= 0 for share in s.ab.split.values()):
+        fail("ab.split", "shares must be > 0")
+    if s.ab.start:
+        try:
+            time_ms(s.ab.start)
+        except ValueError:
+            fail("ab.start", f"{s.ab.start!r} is neither epoch milliseconds nor an RFC 3339 time")
     if s.kafka.max_poll_records < 1:
         fail("kafka.max_poll_records", "must be at least 1")

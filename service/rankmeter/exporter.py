@@ -116,6 +116,41 @@ class PipelineCollector:
         for p in sorted(self.pipeline.lost):
             lost.add_metric([str(p)], 1)
         yield lost
+        yield from self._experiment()
+
+    def _experiment(self) -> Iterator[Metric]:
+        result = self.pipeline.ab_result
+        if result is None:
+            return
+        labels = ["metric", "ranker", "baseline", "segment", "average"]
+        families = {name: GaugeMetricFamily(f"rankmeter_ab_{name}", text, labels=labels) for name, text in (
+            ("delta", "Treatment minus baseline, cumulative since the experiment started (every impression counts)."),
+            ("relative_delta", "Delta relative to the baseline's value."),
+            ("ci_lower", "Lower bound of the always-valid confidence sequence for delta (mSPRT)."),
+            ("ci_upper", "Upper bound of the always-valid confidence sequence for delta (mSPRT)."),
+            ("p_value", "Always-valid p-value for delta != 0 (mSPRT, running minimum): valid however often it is read."))}
+        for c in result.comparisons:
+            key = [c.metric, c.ranker, result.baseline, c.segment, c.average]
+            for name, value in (("delta", c.estimate.delta), ("relative_delta", c.estimate.relative),
+                                ("ci_lower", c.running.ci_lower), ("ci_upper", c.running.ci_upper),
+                                ("p_value", c.running.p_value)):
+                if math.isfinite(value):
+                    families[name].add_metric(key, value)
+        yield from families.values()
+        queries = GaugeMetricFamily("rankmeter_ab_queries", "Queries of each arm since the experiment started.",
+                                    labels=["ranker", "baseline", "segment"])
+        judged = GaugeMetricFamily("rankmeter_ab_judged_share", "Share of each arm's queries with a relevant "
+                                   "document known.", labels=["ranker", "baseline", "segment"])
+        for arm in result.arms:
+            queries.add_metric([arm.ranker, result.baseline, arm.segment], arm.queries)
+            if arm.queries:
+                judged.add_metric([arm.ranker, result.baseline, arm.segment], arm.judged / arm.queries)
+        srm = GaugeMetricFamily("rankmeter_ab_srm_p_value", "Always-valid p-value of the arms' query counts "
+                                "against ab.split (sequential multinomial test): below alpha, the experiment "
+                                "cannot be trusted.", labels=["baseline", "segment"])
+        for segment, p in result.srm.items():
+            srm.add_metric([result.baseline, segment], p)
+        yield from (queries, judged, srm)
         yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
                                   "replica had claimed the partition (this one had stalled).",
                                   value=self.pipeline.fenced_total)

@@ -32,6 +32,8 @@ class QueryRecord(msgspec.Struct, array_like=True):
     pending: list[Feedback] = []     # feedback that came before its impression
     contribution: bytes = b""        # what the query adds to its window bucket now (float64s)
     layout: str = ""                 # fingerprint of the layout `contribution` is in
+    ab_contribution: bytes = b""     # what the query adds to its experiment arm's sums
+    ab_experiment: str = ""          # the experiment those sums belong to
 
     def grade(self, doc: str) -> float:
         """An explicit judgment if any (the latest wins), else the highest implicit grade;

@@ -24,13 +24,16 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
-from rankmeter.config import Settings, duration_ms
+from rankmeter.ab import sums as ab_sums
+from rankmeter.ab.experiment import Look
+from rankmeter.ab.experiment import look as ab_look
+from rankmeter.checkpoint import Checkpoint
+from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.engine import QueryState, evaluate, parse_all, stack
 from rankmeter.events import Decoder, Feedback, Impression, Rejected
 from rankmeter.join import (ONLINE_SIGNALS, UNDEFINED, Attribution, QueryRecord, apply_feedback,
                             apply_impression, online_ratios)
 from rankmeter.source import Record
-from rankmeter.checkpoint import Checkpoint
 from rankmeter.store import FENCED, Store
 from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_views
 
@@ -54,6 +57,8 @@ class PartitionState:
         self.offsets = offsets
         self.watermarks = watermarks
         self.buckets = buckets
+        self.ab: dict[str, np.ndarray] = {}     # experiment␟ranker␟segment -> cumulative arm sums
+        self.dirty_ab: set[str] = set()
         self.rewrite_buckets = False  # converted from another layout: the next checkpoint writes all
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
@@ -106,7 +111,11 @@ class Pipeline:
         # Buckets are kept while feedback can still change them and a window shows them.
         self.retention_ms = max(self.windows.values()) + self.attribution.explicit_ms
         self.label_idle_ms = duration_ms(settings.limits.label_idle)
-        self.events: Counter[tuple[str, str]] = Counter()   # (stream, outcome)
+        self.events: Counter[tuple[str, str]] = Counter()   # (stream, outcome), of stored batches
+        # This batch's counts per partition: added to `events` once the partition's checkpoint
+        # is stored, so a batch replayed after a store failure or taken over from a fenced
+        # replica is counted once.
+        self._counts: dict[int, Counter[tuple[str, str]]] = {}
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -119,6 +128,12 @@ class Pipeline:
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
         self._zero = bytes(8 * self.layout.size)
+        self.ab_size = ab_sums.size(self.layout)
+        self.baseline = settings.ab.baseline
+        # The experiment: every other ranker against the baseline, from `ab.start` (or the
+        # first impression of another ranker, agreed across replicas through the store).
+        self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
+        self.ab_result: Look | None = None
 
     # ---- assignment ----
 
@@ -150,11 +165,12 @@ class Pipeline:
                 if had_state:
                     log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
                     self.store.wipe(p)
-                    snapshot = snapshot._replace(buckets={}, watermarks={}, layout="")
+                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="")
                 snapshot = snapshot._replace(offsets={self.impressions_topic: 0, self.feedback_topic: 0})
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks),
                                    self._load_buckets(p, snapshot.buckets, snapshot.layout))
             state.rewrite_buckets = bool(snapshot.layout) and snapshot.layout != self.layout.fingerprint
+            state.ab = self._load_ab(snapshot.ab, snapshot.layout)
             with self.lock:
                 self.partitions[p] = state
             self.lost.discard(p)
@@ -181,6 +197,17 @@ class Pipeline:
             buckets[BucketKey.decode(field)] = vector.copy() if old is self.layout else self.layout.convert(vector, old)
         return buckets
 
+    def _load_ab(self, stored: dict[str, bytes], fingerprint: str) -> dict[str, np.ndarray]:
+        old = self._layout(fingerprint) if fingerprint else self.layout
+        if old is None:
+            return {}
+        sums = {}
+        for field, data in stored.items():
+            vector = np.frombuffer(data, dtype=np.float64)
+            if len(vector) == ab_sums.size(old):
+                sums[field] = vector.copy() if old is self.layout else ab_sums.convert(vector, self.layout, old)
+        return sums
+
     def _layout(self, fingerprint: str) -> Layout | None:
         if fingerprint not in self._layouts:
             description = self.store.load_layout(fingerprint)
@@ -202,6 +229,7 @@ class Pipeline:
         Partitions whose checkpoint the store refused are dropped and listed in `fenced`
         or `lost`: the caller rejoins the group, or stops consuming them."""
         now_ms = int(self.clock() * 1000)
+        self._counts = counts = {}
         work: dict[int, list[tuple[Record, Impression | Feedback]]] = {}
         advanced: dict[int, dict[str, int]] = {}
         newest: dict[int, dict[str, int]] = {}  # partition -> topic -> highest event time
@@ -221,7 +249,7 @@ class Pipeline:
                 event = Rejected("invalid", f"message key {r.key[:100]!r} is not its query_id "
                                             f"{event.query_id[:100]!r}: both topics must be keyed by query_id")
             if isinstance(event, Rejected):
-                self.events[(stream, event.outcome)] += 1
+                counts.setdefault(r.partition, Counter())[(stream, event.outcome)] += 1
                 if event.outcome == "invalid":
                     self.dead_letter(r, event.reason)
                 continue
@@ -238,7 +266,14 @@ class Pipeline:
             watermarks = self.partitions[p].watermarks
             for topic, ts in topics.items():
                 watermarks[topic] = max(watermarks.get(topic, ts), ts)
-        refused = self.store.commit(self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms))
+        refused: dict[int, str] = {}
+        for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
+            # One at a time (the store runs one script per partition anyway): when the store
+            # fails midway, the partitions stored so far are counted, the rest are replayed.
+            refused.update(self.store.commit([checkpoint]))
+            if checkpoint.partition not in refused:
+                with self.lock:
+                    self.events.update(counts.get(checkpoint.partition, {}))
         self._drop_refused(refused)
         for ps in self.partitions.values():
             _trim(ps.records, ps.states)
@@ -305,6 +340,9 @@ class Pipeline:
             vector = np.frombuffer(record.contribution)
             record.contribution = (self.layout.convert(vector, old).tobytes()
                                    if old is not None and len(vector) == old.size else b"")
+            ab = np.frombuffer(record.ab_contribution)
+            record.ab_contribution = (ab_sums.convert(ab, self.layout, old).tobytes()
+                                      if old is not None and len(ab) == ab_sums.size(old) else b"")
         return record
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
@@ -313,9 +351,9 @@ class Pipeline:
         the documents whose grade may have changed (None: evaluate from scratch)."""
         touched: dict[_Touched, QueryRecord] = {}
         changed: dict[_Touched, set[str] | None] = {}
-        count = self.events
         for p, events in work.items():
             cache = self.partitions[p].records
+            count = self._counts.setdefault(p, Counter())
             for source, event in events:
                 key = _Touched(p, event.query_id)
                 record = cache[event.query_id]
@@ -377,6 +415,7 @@ class Pipeline:
             with np.errstate(divide="ignore", invalid="ignore"):
                 values[:, offset + j] = np.where(den != 0, num / den, UNDEFINED.get(name, 0.0))
             nums[:, offset + j], dens[:, offset + j] = num, den
+        self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
         previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records))
         deltas = contributions - previous.reshape(contributions.shape)
@@ -400,6 +439,37 @@ class Pipeline:
                 dirty.setdefault(p, set()).add(bucket)
         return dirty
 
+    def _move_experiment(self, keys: list[_Touched], records: list[QueryRecord], values: np.ndarray,
+                         nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
+        """Move the experiment's cumulative arm sums by the changed queries' new minus old
+        A/B contributions (every impression since the start counts, unjudged ones as 0)."""
+        if not self.baseline:
+            return
+        if self.experiment_start is None:
+            first = [r.impression.timestamp_ms for r in records if r.ranker_label != self.baseline]
+            if not first:
+                return
+            self.experiment_start = self.store.experiment_start(self.baseline, min(first))
+        experiment = f"{self.baseline}@{self.experiment_start}"
+        inside = np.array([r.impression.timestamp_ms >= self.experiment_start for r in records])
+        if not inside.any():
+            return
+        new = ab_sums.contributions(self.layout, values, nums, dens, judged)
+        zero = bytes(8 * self.ab_size)
+        with self.lock:
+            for k, record, vector, counts in zip(keys, records, new, inside):
+                if not counts:
+                    continue
+                old = record.ab_contribution if record.ab_experiment == experiment and record.ab_contribution else zero
+                field = f"{experiment}\x1f{record.ranker_label}\x1f{record.segment_label}"
+                ps = self.partitions[k.partition]
+                sums = ps.ab.get(field)
+                if sums is None:
+                    sums = ps.ab[field] = np.zeros(self.ab_size)
+                sums += vector - np.frombuffer(old)
+                ps.dirty_ab.add(field)
+                record.ab_contribution, record.ab_experiment = vector.tobytes(), experiment
+
     def _checkpoints(self, advanced: dict[int, dict[str, int]], touched: dict[_Touched, QueryRecord],
                      expired: dict[int, list[str]], dirty_buckets: dict[int, set[BucketKey]],
                      now_ms: int) -> list[Checkpoint]:
@@ -412,7 +482,7 @@ class Pipeline:
             records.setdefault(k.partition, {})[k.query_id] = encode(r)
             deadlines.setdefault(k.partition, {})[k.query_id] = self._deadline(r)
         checkpoints = []
-        for p in set(advanced) | set(expired) | set(dirty_buckets):
+        for p in set(advanced) | set(expired) | set(dirty_buckets) | {p for p, ps in self.partitions.items() if ps.dirty_ab}:
             ps = self.partitions[p]
             ps.offsets.update(advanced.get(p, {}))
             written = records.get(p, {})
@@ -423,7 +493,7 @@ class Pipeline:
                 record = ps.records.pop(qid, None)
                 ps.states.pop(qid, None)
                 if record is not None and record.impression is None:
-                    self.events[("feedback", "orphaned")] += len(record.pending)
+                    self._counts.setdefault(p, Counter())[("feedback", "orphaned")] += len(record.pending)
                 deleted.append(qid)
             with self.lock:
                 dropped = [b for b in ps.buckets if b.minute < oldest_minute]
@@ -431,11 +501,13 @@ class Pipeline:
                     del ps.buckets[b]
                 rewrite = ps.buckets if ps.rewrite_buckets else dirty_buckets.get(p, ())
                 buckets = {b.encode(): ps.buckets[b].tobytes() for b in rewrite if b in ps.buckets}
+                ab = {f: ps.ab[f].tobytes() for f in (ps.ab if ps.rewrite_buckets else ps.dirty_ab)}
                 ps.rewrite_buckets = False
+                ps.dirty_ab = set()
             checkpoints.append(Checkpoint(
                 partition=p, epoch=ps.epoch, layout=self.layout.fingerprint, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
-                deleted=deleted, buckets=buckets, dropped_buckets=[b.encode() for b in dropped]))
+                deleted=deleted, buckets=buckets, dropped_buckets=[b.encode() for b in dropped], ab=ab))
         return checkpoints
 
     def _deadline(self, record: QueryRecord) -> int:
@@ -474,6 +546,34 @@ class Pipeline:
         with self.lock:
             return window_views([ps.buckets for ps in self.partitions.values()],
                                 self.layout, self.windows, now_ms)
+
+    def ab_look(self) -> Look | None:
+        """One look at the experiment, over every partition's stored arm sums (the
+        statistics are global: serve runs this on the replica that holds partition 0).
+        Keeps the result for the exporter in `ab_result`."""
+        if not self.baseline:
+            return None
+        stored = self.store.load_ab(self.store.partitions())
+        prefix = f"{self.baseline}@"
+        starts = {int(f.split("\x1f", 1)[0][len(prefix):]) for fields in stored.values() for f in fields
+                  if f.startswith(prefix)}
+        start = self.experiment_start if self.experiment_start is not None else max(starts, default=None)
+        if start is None:
+            return None
+        experiment = f"{prefix}{start}"
+        vectors: dict[tuple[str, str], np.ndarray] = {}
+        for fields in stored.values():
+            for field, data in fields.items():
+                name, ranker, segment = field.split("\x1f")
+                vector = np.frombuffer(data)
+                if name != experiment or len(vector) != self.ab_size:
+                    continue  # another experiment, or a replica still on another configuration
+                vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
+        running = self.store.load_running(experiment)
+        result, kept = ab_look(experiment, self.baseline, vectors, self.layout, self.settings.ab, running)
+        self.store.save_running(experiment, kept)
+        self.ab_result = result
+        return result
 
     def open_queries(self) -> int:
         return sum(ps.open_queries for ps in list(self.partitions.values()))

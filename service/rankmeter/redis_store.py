@@ -15,7 +15,10 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
     P:{P:p}:offsets        hash     topic -> next offset to read
     P:{P:p}:meta           hash     epoch (the owner's claim), layout (fingerprint of the
                                     buckets' and records' layout), watermark:<topic>
+    P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
     P:layouts              hash     layout fingerprint -> its description (windows.Layout)
+    P:ab:start:<baseline>  string   the experiment's start (ms), set once
+    P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
     P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
 """
 
@@ -41,9 +44,9 @@ end
 return 0
 """
 
-# A checkpoint (checkpoint.py), all or nothing. KEYS: meta, queries, open, buckets, offsets.
+# A checkpoint (checkpoint.py), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
 # ARGV: epoch, layout, then counted sections: records (id, record), deadlines (score, id),
-# buckets, offsets, watermarks (field, value); deleted records, dropped buckets (ids).
+# buckets, offsets, watermarks, arm sums (field, value); deleted records, dropped buckets (ids).
 # Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone.
 _COMMIT = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
@@ -62,6 +65,7 @@ section(2, function(a, b) redis.call('ZADD', KEYS[3], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('HSET', KEYS[4], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('HSET', KEYS[5], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('HSET', KEYS[1], unpack(ARGV, a, b)) end)
+section(2, function(a, b) redis.call('HSET', KEYS[6], unpack(ARGV, a, b)) end)
 section(1, function(a, b)
   redis.call('HDEL', KEYS[2], unpack(ARGV, a, b))
   redis.call('ZREM', KEYS[3], unpack(ARGV, a, b))
@@ -134,12 +138,14 @@ class RedisStore:
             pipe.hgetall(self._key(partition, "offsets"))
             pipe.hgetall(self._key(partition, "meta"))
             pipe.hgetall(self._key(partition, "buckets"))
-            *_, offsets, meta, buckets = pipe.execute()
+            pipe.hgetall(self._key(partition, "ab"))
+            *_, offsets, meta, buckets, ab = pipe.execute()
         meta = {k.decode(): v.decode() for k, v in meta.items()}
         return PartitionSnapshot(
             int(meta.get("epoch", 0)), {k.decode(): int(v) for k, v in offsets.items()},
             {k[len("watermark:"):]: int(v) for k, v in meta.items() if k.startswith("watermark:")},
-            meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()})
+            meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()},
+            {k.decode(): v for k, v in ab.items()})
 
     def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
@@ -163,11 +169,11 @@ class RedisStore:
         # too, and Redis runs it whole or not at all (checkpoint.py lists the steps).
         refused = {}
         for c in checkpoints:
-            keys = [self._key(c.partition, name) for name in ("meta", "queries", "open", "buckets", "offsets")]
+            keys = [self._key(c.partition, name) for name in ("meta", "queries", "open", "buckets", "offsets", "ab")]
             args: list = [c.epoch, c.layout]
             sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
                         list(c.buckets.items()), list(c.offsets.items()),
-                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()])
+                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()], list(c.ab.items()))
             for pairs in sections:
                 args.append(len(pairs))
                 args += [x for pair in pairs for x in pair]
@@ -192,13 +198,34 @@ class RedisStore:
     def wipe(self, partition: int) -> None:
         # The epoch stays: the claim that asked for the wipe keeps owning the partition.
         with self.client.pipeline(transaction=True) as pipe:
-            for name in ("queries", "open", "buckets", "offsets"):
+            for name in ("queries", "open", "buckets", "offsets", "ab"):
                 pipe.delete(self._key(partition, name))
             pipe.hdel(self._key(partition, "meta"), "layout")
             pipe.execute()
 
     def save_layout(self, fingerprint: str, description: str) -> None:
         self.client.hset(f"{self.prefix}:layouts", fingerprint, description)
+
+    def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
+        partitions = list(partitions)
+        with self.client.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.hgetall(self._key(p, "ab"))
+            found = pipe.execute()
+        return {p: {k.decode(): v for k, v in sums.items()} for p, sums in zip(partitions, found)}
+
+    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
+        key = f"{self.prefix}:ab:start:{baseline}"
+        self.client.set(key, candidate_ms, nx=True)
+        return int(self.client.get(key))
+
+    def load_running(self, experiment: str) -> dict[str, str]:
+        found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")
+        return {k.decode(): v.decode() for k, v in found.items()}
+
+    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
+        if running:
+            self.client.hset(f"{self.prefix}:ab:running:{experiment}", mapping=dict(running))
 
     def load_layout(self, fingerprint: str) -> str | None:
         found = self.client.hget(f"{self.prefix}:layouts", fingerprint)

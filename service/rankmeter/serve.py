@@ -21,6 +21,7 @@ log = logging.getLogger("rankmeter.serve")
 
 LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
+AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store
 
 
@@ -81,7 +82,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                                                "topics": [k.impressions_topic, k.feedback_topic]})
     if on_start is not None:
         on_start(pipeline, port)
-    last_lag = last_progress = time.monotonic()
+    last_lag = last_progress = last_ab = time.monotonic()
     consumed = 0
     try:
         while not stop.is_set():
@@ -120,6 +121,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 lag.clear()
                 lag.update(source.lag())
                 last_lag = now
+            if now - last_ab >= AB_INTERVAL_S:
+                last_ab = now
+                _look_at_experiment(pipeline, unavailable)
             if now - last_progress >= PROGRESS_INTERVAL_S:
                 log.info("progress", extra={"records": consumed, "per_second": round(consumed / (now - last_progress)),
                                             "lag": sum(lag.values()), "open_queries": pipeline.open_queries()})
@@ -129,6 +133,18 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         source.close()
         store.close()
         exporter.stop()
+
+
+def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:
+    """The experiment's statistics are global (every partition's sums): the replica that
+    holds partition 0 computes and exports them, the others export none."""
+    if 0 not in pipeline.partitions:
+        pipeline.ab_result = None
+        return
+    try:
+        pipeline.ab_look()
+    except unavailable:
+        pass  # the next batch meets the store's failure and recovers
 
 
 def _lost_problem(pipeline: Pipeline) -> str:

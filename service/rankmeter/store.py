@@ -24,6 +24,7 @@ class PartitionSnapshot(NamedTuple):
     watermarks: dict[str, int]
     layout: str                  # fingerprint of the stored buckets' layout ("" if none)
     buckets: dict[str, bytes]
+    ab: dict[str, bytes] = {}    # experiment arm sums (checkpoint.Checkpoint.ab)
 
 
 class Store(Protocol):
@@ -51,6 +52,21 @@ class Store(Protocol):
 
     def save_layout(self, fingerprint: str, description: str) -> None: ...
 
+    def partitions(self) -> list[int]:
+        """Every partition with stored state (the experiment's statistics sum them all)."""
+
+    def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
+        """The experiment arm sums of these partitions, read only, in one round trip."""
+
+    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
+        """The experiment's start, set once across replicas: the first candidate wins."""
+
+    def load_running(self, experiment: str) -> dict[str, str]: ...
+
+    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
+        """What an always-valid statistic keeps between looks (running minimum p, the
+        intersection of the confidence sequence), per comparison."""
+
     def load_layout(self, fingerprint: str) -> str | None: ...
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
@@ -73,6 +89,9 @@ class MemoryStore:
         self.records: dict[int, dict[str, bytes]] = {}
         self.deadlines: dict[int, dict[str, int]] = {}
         self.buckets: dict[int, dict[str, bytes]] = {}
+        self.ab: dict[int, dict[str, bytes]] = {}
+        self.starts: dict[str, int] = {}
+        self.running: dict[str, dict[str, str]] = {}
         self.descriptions: dict[str, str] = {}
         self.labels: dict[str, dict[str, int]] = {}
 
@@ -83,7 +102,7 @@ class MemoryStore:
     def load(self, partition: int) -> PartitionSnapshot:
         p = partition
         return PartitionSnapshot(self.epochs.get(p, 0), dict(self.offsets.get(p, {})), dict(self.watermarks.get(p, {})),
-                                 self.layouts.get(p, ""), dict(self.buckets.get(p, {})))
+                                 self.layouts.get(p, ""), dict(self.buckets.get(p, {})), dict(self.ab.get(p, {})))
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         return {p: [self.records.get(p, {}).get(q) for q in qids] for p, qids in wanted.items()}
@@ -106,6 +125,7 @@ class MemoryStore:
             self.buckets.setdefault(p, {}).update(c.buckets)
             for field in c.dropped_buckets:
                 self.buckets[p].pop(field, None)
+            self.ab.setdefault(p, {}).update(c.ab)
             self.layouts[p] = c.layout
             self.offsets.setdefault(p, {}).update(c.offsets)
             self.watermarks.setdefault(p, {}).update(c.watermarks)
@@ -120,7 +140,7 @@ class MemoryStore:
         return out
 
     def wipe(self, partition: int) -> None:
-        for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets):
+        for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets, self.ab):
             table.pop(partition, None)
 
     def save_layout(self, fingerprint: str, description: str) -> None:
@@ -128,6 +148,21 @@ class MemoryStore:
 
     def load_layout(self, fingerprint: str) -> str | None:
         return self.descriptions.get(fingerprint)
+
+    def partitions(self) -> list[int]:
+        return sorted(self.offsets)
+
+    def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
+        return {p: dict(self.ab.get(p, {})) for p in partitions}
+
+    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
+        return self.starts.setdefault(baseline, candidate_ms)
+
+    def load_running(self, experiment: str) -> dict[str, str]:
+        return dict(self.running.get(experiment, {}))
+
+    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
+        self.running.setdefault(experiment, {}).update(running)
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         seen = self.labels.setdefault(kind, {})

@@ -1,0 +1,114 @@
+"""The experiment's cumulative arm sums on the pipeline: every impression since the start
+counts (a query with nothing relevant as 0), feedback moves them by deltas, they survive a
+restart and a configuration change, and a look turns them into the exported statistics."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from rankmeter import config
+from rankmeter.ab.stats import MeanSums, mean_difference
+from rankmeter.engine import QueryState, parse, stack
+from rankmeter.pipeline import Pipeline
+from rankmeter.source import Bus
+from rankmeter.store import MemoryStore
+
+NOW_S = 1_800_000_000.0
+NOW_MS = int(NOW_S * 1000)
+ENV = {"RANKMETER_AB_BASELINE": "base", "RANKMETER_AB_MIN_QUERIES": "20",
+       "RANKMETER_AB_SPLIT": "base=0.5,new=0.5"}
+
+
+def experiment_stream(seed: int, queries: int, start_ms: int):
+    """Impressions of two arms, some before the start; clicks on a random subset."""
+    rnd = random.Random(seed)
+    out, truth = [], {}
+    for q in range(queries):
+        qid, ranker = f"q{q}", rnd.choice(["base", "new"])
+        t = start_ms + rnd.randrange(-120_000, 600_000)
+        results = [f"d{rnd.randrange(40)}" for _ in range(10)]
+        results = list(dict.fromkeys(results))
+        out.append(("impressions", qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results}))
+        clicked = {d for d in results if rnd.random() < (0.25 if ranker == "new" else 0.15)}
+        for d in clicked:
+            out.append(("feedback", qid, {"query_id": qid, "action": "click", "doc_id": d, "timestamp": t + 1000}))
+        truth[qid] = (ranker, t, results, clicked)
+    rnd.shuffle(out)
+    return out, truth
+
+
+def feed(pipeline: Pipeline, bus: Bus, events, batch: int = 37) -> None:
+    settings = pipeline.settings
+    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+    for stream, key, event in events:
+        bus.send(topics[stream], key.encode(), json.dumps(event).encode())
+    while records := bus.poll(0, batch):
+        pipeline.process(records)
+
+
+def test_arm_sums_cover_every_impression_since_the_start_and_give_the_welch_estimate():
+    start = NOW_MS - 600_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
+    events, truth = experiment_stream(5, 400, start)
+    store, bus = MemoryStore(), Bus(partitions=3)
+    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    feed(pipeline, bus, events)
+    look = pipeline.ab_look()
+
+    # Independently: P@10 per query from its clicks (grade 1), 0 when nothing was clicked.
+    p10 = parse("P@10")
+    expected = {}
+    for ranker in ("base", "new"):
+        qids = [q for q, (r, t, _, _) in truth.items() if r == ranker and t >= start]
+        states = [QueryState.from_grades(truth[q][2], {d: 1.0 for d in truth[q][3]}, shown_grade=0) for q in qids]
+        values = p10.values(p10.compute(stack(states)))
+        expected[ranker] = MeanSums(len(values), float(values.sum()), float((values ** 2).sum()))
+    arms = {a.ranker: a for a in look.arms}
+    assert arms["base"].queries == expected["base"].n and arms["new"].queries == expected["new"].n
+    comparison = next(c for c in look.comparisons if c.metric == "P@10" and c.average == "macro")
+    reference = mean_difference(expected["new"], expected["base"])
+    assert comparison.estimate.delta == pytest.approx(reference.delta, abs=1e-12)
+    assert comparison.estimate.variance == pytest.approx(reference.variance, rel=1e-9)
+    assert comparison.running.ci_lower <= comparison.estimate.delta <= comparison.running.ci_upper
+    assert 0 < look.srm[""] <= 1
+
+
+def test_arm_sums_survive_a_restart_and_moving_batches():
+    start = NOW_MS - 600_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
+    events, _ = experiment_stream(9, 200, start)
+
+    def final(batches: list[int]) -> dict:
+        store, bus = MemoryStore(), Bus(partitions=2)
+        done = 0
+        for size in batches:   # each element: a new process on the same store
+            pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+            bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic],
+                          pipeline.assign, pipeline.revoke)
+            feed(pipeline, bus, events[done:done + size], batch=size // 3 + 1)
+            done += size
+        return {p: {f: np.frombuffer(v) for f, v in sums.items()} for p, sums in store.ab.items()}
+
+    whole, restarted = final([len(events)]), final([50, 100, len(events) - 150])
+    assert whole.keys() == restarted.keys()
+    for p in whole:
+        assert whole[p].keys() == restarted[p].keys()
+        for field in whole[p]:
+            np.testing.assert_allclose(restarted[p][field], whole[p][field], atol=1e-9)
+
+
+def test_no_statistic_before_each_arm_has_min_queries():
+    start = NOW_MS - 600_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "1000"})
+    events, _ = experiment_stream(2, 200, start)
+    store, bus = MemoryStore(), Bus(partitions=1)
+    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    feed(pipeline, bus, events)
+    look = pipeline.ab_look()
+    assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
