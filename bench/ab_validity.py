@@ -1,0 +1,237 @@
+"""Validity of the A/B statistics, measured: full-size A/A, SRM and power runs.
+
+    .venv/bin/python bench/ab_validity.py [--experiments 2000] [--queries 20000] [--batch 100]
+        [--power-experiments 1000] [--power-queries 60000] [--regression -0.02] [--seed 20261201]
+
+About 30 s on one core with the defaults.
+
+Pure simulation (no services): per-query values resembling nDCG@10 (35% zeros, 10% ones,
+the rest Beta(2, 2); mean 0.375, sd 0.352), each query assigned to an arm at random,
+every experiment looked at after every batch of `--batch` queries, statistics only
+once each arm has DEFAULT_MIN_QUERIES queries.  The data are generated with NumPy in
+chunks; every look goes through the library's own functions (`mean_difference`,
+`msprt`, `update`, `srm_p_value`, `srm_update`), so the figures are those of the code
+the service runs.  Prints a markdown table (progress goes to stderr).
+
+* A/A: share of experiments that ever reach p < 0.05, always-valid mSPRT (running
+  minimum) vs a fixed-horizon Welch z-test read at every look (the old dashboard band)
+  and read once at the end, with Clopper–Pearson 95% intervals.
+* SRM: share of runs that ever fire with the correct 50/50 split; with 52/48 actual
+  against 50/50 configured, the share that fires by the end and the queries it takes.
+* Power: a regression of δ (default −0.02) in the mean (each treatment value zeroed
+  with probability −δ/0.375), queries to detection by mSPRT for several τ², against the
+  analytic sample size of a fixed-horizon two-sided Welch test with the same α and
+  80% power: n per arm = (z₁₋α/₂ + z₀.₈)² (σ²_T + σ²_B) / δ².
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+from scipy import stats
+
+from rankmeter.ab import (
+    DEFAULT_MIN_QUERIES,
+    DEFAULT_TAU2,
+    MeanSums,
+    Running,
+    mean_difference,
+    msprt,
+    srm_p_value,
+    srm_update,
+    update,
+)
+
+ALPHA = 0.05
+Z = stats.norm.ppf(1 - ALPHA / 2)
+P_ZERO, P_ONE = 0.35, 0.10          # nDCG@10-like: share of zeros and of ones
+MEAN = P_ONE + (1 - P_ZERO - P_ONE) * 0.5                      # 0.375
+SECOND = P_ONE + (1 - P_ZERO - P_ONE) * (0.05 + 0.25)          # E x², Beta(2,2): var 0.05
+REGRESSION = -0.02
+
+
+class Progress:
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.t0, self.last = label, total, time.monotonic(), 0.0
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= 3.0 or done == self.total:
+            self.last = now
+            print(f"  {self.label}: {done}/{self.total} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
+
+
+def ndcg_like(rng: np.random.Generator, size) -> np.ndarray:
+    u = rng.random(size)
+    x = rng.beta(2.0, 2.0, size)
+    x[u < P_ZERO + P_ONE] = 1.0
+    x[u < P_ZERO] = 0.0
+    return x
+
+
+def cp(k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return f"{k / n:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def arm_sums(rng, chunk: int, looks: int, batch: int, share: float, shrink: float):
+    """Cumulative (n, Σx, Σx²) per arm at every look: arrays (chunk, looks)."""
+    x = ndcg_like(rng, (chunk, looks, batch))
+    treat = rng.random((chunk, looks, batch)) < share
+    if shrink:
+        x = np.where(treat & (rng.random(x.shape) < shrink), 0.0, x)
+    out = []
+    for mask in (treat, ~treat):
+        out.append(tuple(np.cumsum(v, axis=1) for v in
+                         (mask.sum(2).astype(float), (x * mask).sum(2), (x * x * mask).sum(2))))
+    return out
+
+
+def aa(args, rng, taus):
+    looks = args.queries // args.batch
+    hits = {t: 0 for t in taus}
+    peeked = final = 0
+    prog = Progress("A/A", args.experiments)
+    done = 0
+    while done < args.experiments:
+        chunk = min(50, args.experiments - done)
+        (tn, ts, ts2), (bn, bs, bs2) = arm_sums(rng, chunk, looks, args.batch, 0.5, 0.0)
+        for e in range(chunk):
+            running = {t: Running() for t in taus}
+            fixed = False
+            est = None
+            for j in range(looks):
+                if min(tn[e, j], bn[e, j]) < DEFAULT_MIN_QUERIES:
+                    continue
+                est = mean_difference(MeanSums(tn[e, j], ts[e, j], ts2[e, j]),
+                                      MeanSums(bn[e, j], bs[e, j], bs2[e, j]))
+                for t in taus:
+                    running[t] = update(running[t], msprt(est, t, ALPHA))
+                fixed = fixed or abs(est.delta) > Z * math.sqrt(est.variance)
+            for t in taus:
+                hits[t] += running[t].p_value < ALPHA
+            peeked += fixed
+            final += abs(est.delta) > Z * math.sqrt(est.variance)
+        done += chunk
+        prog(done)
+    return hits, peeked, final
+
+
+def srm(args, rng, share):
+    looks = args.queries // args.batch
+    fired, first = 0, []
+    prog = Progress(f"SRM {share:.2f}", args.experiments)
+    in_t = np.cumsum(rng.binomial(args.batch, share, (args.experiments, looks)), axis=1)
+    for e in range(args.experiments):
+        p = 1.0
+        for j in range(looks):
+            n = (j + 1) * args.batch
+            p = srm_update(p, srm_p_value([in_t[e, j], n - in_t[e, j]], [0.5, 0.5]))
+            if p < ALPHA:
+                fired += 1
+                first.append(n)
+                break
+        prog(e + 1)
+    return fired, first
+
+
+def power(args, rng, taus):
+    shrink = -args.regression / MEAN
+    looks = args.power_queries // args.batch
+    first = {t: [] for t in taus}
+    wrong_sign = {t: 0 for t in taus}
+    prog = Progress("power", args.power_experiments)
+    done = 0
+    var_b = SECOND - MEAN ** 2
+    var_t = SECOND * (1 - shrink) - (MEAN * (1 - shrink)) ** 2
+    n_fixed = math.ceil((Z + stats.norm.ppf(0.8)) ** 2 * (var_t + var_b) / args.regression ** 2)
+    fixed_power_hits = 0
+    look_fixed = math.ceil(2 * n_fixed / args.batch) - 1   # first look with ≥ 2·n_fixed queries
+    while done < args.power_experiments:
+        chunk = min(25, args.power_experiments - done)
+        (tn, ts, ts2), (bn, bs, bs2) = arm_sums(rng, chunk, looks, args.batch, 0.5, shrink)
+        for e in range(chunk):
+            running = {t: Running() for t in taus}
+            pending = set(taus)
+            for j in range(looks):
+                if min(tn[e, j], bn[e, j]) < DEFAULT_MIN_QUERIES:
+                    continue
+                est = mean_difference(MeanSums(tn[e, j], ts[e, j], ts2[e, j]),
+                                      MeanSums(bn[e, j], bs[e, j], bs2[e, j]))
+                if j == look_fixed:
+                    fixed_power_hits += est.delta < -Z * math.sqrt(est.variance)
+                for t in list(pending):
+                    running[t] = update(running[t], msprt(est, t, ALPHA))
+                    if running[t].p_value < ALPHA:
+                        first[t].append((j + 1) * args.batch)
+                        wrong_sign[t] += est.delta > 0
+                        pending.discard(t)
+                if not pending and j >= look_fixed:
+                    break
+        done += chunk
+        prog(done)
+    return n_fixed, math.sqrt(var_b), math.sqrt(var_t), first, wrong_sign, fixed_power_hits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiments", type=int, default=2000)
+    ap.add_argument("--queries", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--power-experiments", type=int, default=1000)
+    ap.add_argument("--power-queries", type=int, default=60000)
+    ap.add_argument("--regression", type=float, default=REGRESSION, help="δ in the mean, < 0")
+    ap.add_argument("--seed", type=int, default=20261201)
+    args = ap.parse_args()
+    if not -MEAN < args.regression < 0:
+        ap.error(f"--regression must be in ({-MEAN}, 0)")
+    rng = np.random.default_rng(args.seed)
+    taus = sorted({2.5e-5, DEFAULT_TAU2, 4e-4, 2.5e-3})
+    t0 = time.monotonic()
+
+    hits, peeked, final = aa(args, rng, taus)
+    srm_ok, _ = srm(args, rng, 0.5)
+    srm_bad, srm_first = srm(args, rng, 0.52)
+    n_fixed, sd_b, sd_t, first, wrong, fixed_hits = power(args, rng, taus)
+
+    E, Q, B = args.experiments, args.queries, args.batch
+    print(f"\n## A/B validity: {E} A/A experiments to {Q:,} queries, a look every {B} "
+          f"(α = {ALPHA}, min {DEFAULT_MIN_QUERIES} queries per arm, seed {args.seed})\n")
+    print("| test | share of experiments ever 'significant' [Clopper–Pearson 95%] |")
+    print("| --- | --- |")
+    for t in taus:
+        mark = " (default)" if t == DEFAULT_TAU2 else ""
+        print(f"| mSPRT, always-valid p, τ² = {t:g}{mark} | {cp(hits[t], E)} |")
+    print(f"| fixed-horizon Welch z, read at every look | {cp(peeked, E)} |")
+    print(f"| fixed-horizon Welch z, read once at {Q:,} | {cp(final, E)} |")
+    print(f"| SRM, correct 50/50 split | {cp(srm_ok, E)} |")
+    q = np.percentile(srm_first, [50, 90]) if srm_first else [math.nan] * 2
+    print(f"| SRM, 52/48 actual vs 50/50 configured, fired by {Q:,} | {cp(srm_bad, E)}; "
+          f"queries to fire: median {q[0]:,.0f}, 90th pct {q[1]:,.0f} |")
+
+    P = args.power_experiments
+    print(f"\n## Power: regression δ = {args.regression} in mean (baseline {MEAN:.3f}, sd {sd_b:.3f}; "
+          f"treatment sd {sd_t:.3f}), {P} experiments to {args.power_queries:,} queries\n")
+    print(f"Fixed horizon, α = {ALPHA} two-sided, 80% power: n = {n_fixed:,} per arm, "
+          f"{2 * n_fixed:,} queries in all (simulated power at that size: {cp(fixed_hits, P)}).\n")
+    print("| τ² | detected by the end | queries to detection: median | 80th pct | "
+          "median / fixed total | 80th pct / fixed total | wrong sign |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for t in taus:
+        f = first[t]
+        # undetected runs count as +inf: quantiles over all runs, not only the detected
+        times = np.array(f + [math.inf] * (P - len(f)))
+        med, p80 = np.quantile(times, [0.5, 0.8], method="inverted_cdf")
+        fmt = lambda v: f"{v:,.0f}" if math.isfinite(v) else f"> {args.power_queries:,}"  # noqa: E731
+        mark = " (default)" if t == DEFAULT_TAU2 else ""
+        print(f"| {t:g}{mark} | {cp(len(f), P)} | {fmt(med)} | {fmt(p80)} | "
+              f"{med / (2 * n_fixed):.2f} | {p80 / (2 * n_fixed):.2f} | {wrong[t]} |")
+    print(f"\n({time.monotonic() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
