@@ -7,13 +7,14 @@ import json
 import random
 from statistics import fmean
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankmeter import config
 from rankmeter.engine import QueryState, parse, stack
-from rankmeter.join import ONLINE_SIGNALS
+from rankmeter.join import ONLINE_SIGNALS, QueryRecord
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -187,17 +188,45 @@ def click(qid, ts, doc="x", event_id=None):
 
 def test_orphaned_feedback_is_counted_once_when_event_time_passes_its_window():
     now_ms = int(NOW_S * 1000)
-    store = MemoryStore()
-    pipeline, feed = one_partition([click("lost", now_ms), click("lost", now_ms, "y")], store=store)
+    store, clock = MemoryStore(), Clock()
+    pipeline, feed = one_partition([click("lost", now_ms), click("lost", now_ms, "y")], store=store, clock=clock)
     assert sum(pipeline.events.values()) == 0  # pending: counted once, by what becomes of it
+    clock.t += 20 * 60
     feed([impression("later", now_ms + 20 * 60_000), click("later", now_ms + 20 * 60_000)])
     assert pipeline.events[("feedback", "orphaned")] == 0   # event time is 20 min on: still open
+    clock.t += 16 * 60
     feed([impression("last", now_ms + 36 * 60_000), click("last", now_ms + 36 * 60_000)])
     feed([])
     assert pipeline.events[("feedback", "orphaned")] == 2   # past attribution (30m) + grace (5m)
     assert "lost" not in store.records[0] and "later" in store.records[0]
     assert pipeline.events == {("impressions", "applied"): 2, ("feedback", "applied"): 2,
                                ("feedback", "orphaned"): 2}
+
+
+def test_a_producer_with_a_fast_clock_closes_nothing_early():
+    now_ms = int(NOW_S * 1000)
+    store, settings = MemoryStore(), config.load(None, {"RANKMETER_WINDOWS_JUDGMENTS": "30m"})
+    pipeline, feed = one_partition([impression("q", now_ms)], settings=settings, store=store)
+    skew = now_ms + 50 * 60_000   # within windows.max_future (1 h): accepted
+    feed([impression("skewed", skew), click("skewed", skew)])
+    feed([click("q", now_ms + 60_000)])
+    feed([])
+    assert pipeline.events[("feedback", "applied")] == 2 and "q" in store.records[0]
+
+
+def test_nothing_closes_while_a_topic_with_records_to_read_is_unseen():
+    """After a rebuild (or on a fresh partition) the first batches may hold only
+    impressions: their event time must not close queries whose feedback is unread."""
+    clock, now_ms = Clock(), int(NOW_S * 1000)
+    store = MemoryStore()
+    settings = config.load(None, {"RANKMETER_WINDOWS_JUDGMENTS": "30m"})   # q's window ends 35 min after it
+    pipeline, feed = one_partition([impression("q", now_ms - 50 * 60_000)], settings=settings, store=store, clock=clock)
+    feed([impression("new", now_ms)])
+    feed([])
+    assert "q" in store.records[0]
+    pipeline.caught_up = {(FEEDBACK, 0)}   # the feedback topic is read to its end: it holds nothing back
+    feed([])
+    assert "q" not in store.records[0] and "new" in store.records[0]
 
 
 def test_an_outage_longer_than_the_attribution_window_loses_no_feedback():
@@ -227,6 +256,11 @@ def test_feedback_keyed_by_something_else_is_dead_lettered():
     feed([click("q", now_ms)], key="user-42")
     assert pipeline.events[("feedback", "invalid")] == 1
     assert letters == ["message key b'user-42' is not its query_id 'q': both topics must be keyed by query_id"]
+    bus = Bus(partitions=1)
+    pipeline, _ = one_partition([], bus=bus, letters=letters)
+    bus.send(FEEDBACK, None, json.dumps(click("q", now_ms)[1]).encode())
+    pipeline.process(bus.poll(0, 10))
+    assert letters[-1] == "message no key is not its query_id 'q': both topics must be keyed by query_id"
 
 
 def test_windows_end_now_an_impression_from_the_future_waits_for_its_minute():
@@ -346,3 +380,43 @@ def test_a_flooded_query_dead_letters_what_exceeds_the_cap():
     assert pipeline.events[("feedback", "applied")] == 3
     assert pipeline.events[("feedback", "invalid")] == 2
     assert letters == ["query 'q' already has 3 feedback events (limits.max_events_per_query)"] * 2
+
+
+def test_a_measure_removed_and_restored_counts_afresh_even_for_untouched_queries():
+    """A → B → A: P@10 removed, then restored. A query untouched while B ran still holds
+    its contribution from the first A; converted through B, it is dropped like the
+    bucket's, so P@10 counts afresh (from the change) instead of being corrupted."""
+    now_ms = int(NOW_S * 1000)
+    store, bus, results = MemoryStore(), Bus(partitions=1), [f"d{i}" for i in range(10)]
+    a = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10,P@10"})
+    b = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10"})
+    one_partition([impression("q0", now_ms, results), click("q0", now_ms, "d0"),
+                   impression("q1", now_ms, results), click("q1", now_ms, "d1")], settings=a, store=store, bus=bus)
+    _, feed_b = one_partition([], settings=b, store=store, bus=bus)
+    feed_b([impression("q2", now_ms, results), click("q2", now_ms, "d2")])   # B checkpoints: buckets rewritten
+    restored, feed_a = one_partition([], settings=a, store=store, bus=bus)
+    feed_a([click("q1", now_ms, "d3")])   # q1, last written under the first A: P@10 = 2/10 from now on
+    sums = next(v for v in restored.views() if v.window == "5m").sums
+    assert (sums["P@10"].value_sum, sums["P@10"].count) == pytest.approx((0.2, 1))
+    assert sums["nDCG@10"].count == 3
+
+
+def test_records_and_buckets_from_before_layouts_were_recorded_do_not_crash():
+    """State written before layouts were recorded, under other measures: unreadable
+    buckets are dropped (from the store too), their records start afresh."""
+    now_ms = int(NOW_S * 1000)
+    store, bus, results = MemoryStore(), Bus(partitions=1), [f"d{i}" for i in range(10)]
+    old = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10,P@10,AP"})
+    one_partition([impression("q0", now_ms, results), click("q0", now_ms, "d0")], settings=old, store=store, bus=bus)
+    store.meta[0].clear()          # as written before this version: no history ...
+    store.layouts[0] = ""          # ... and no fingerprint
+    decoder = msgspec.msgpack.Decoder(QueryRecord)
+    legacy = decoder.decode(store.records[0]["q0"])
+    legacy.layout = ""
+    store.records[0]["q0"] = msgspec.msgpack.encode(legacy)
+    new, feed = one_partition([], store=store, bus=bus)   # the default measures: another size
+    feed([click("q0", now_ms, "d1")])
+    sums = next(v for v in new.views() if v.window == "5m").sums
+    assert sums["P@10"].value_sum == pytest.approx(0.2) and sums["P@10"].count == 1
+    fields = list(store.buckets[0])
+    assert all(len(store.buckets[0][f]) == 8 * new.layout.size for f in fields)

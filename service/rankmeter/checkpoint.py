@@ -12,7 +12,8 @@ step (one Lua script on the partition's hash tag in Redis), in this order:
     3. delete the records that closed (or were orphaned);
     4. write the buckets that changed, delete the ones past every window, write the
        experiment's arm sums that changed;
-    5. record the layout fingerprint the buckets and records are written in;
+    5. record the layout fingerprint the buckets are written in (and, after a
+       configuration change, the partition's layout history and the new description);
     6. record the new offsets and watermarks.
 
 A crash before the step keeps the previous checkpoint whole; replay after a restart
@@ -37,3 +38,4 @@ class Checkpoint(NamedTuple):
     buckets: dict[str, bytes]       # bucket field -> encoded sums
     dropped_buckets: list[str]      # buckets past every window
     ab: dict[str, bytes] = {}       # experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
+    meta: dict[str, str] = {}       # partition metadata: the layout history and descriptions

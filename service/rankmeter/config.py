@@ -230,9 +230,14 @@ def _check(s: Settings) -> None:
         except ValueError as e:
             fail(f"windows.{name}", str(e))
     try:
-        duration_ms(s.limits.label_idle)
+        idle = duration_ms(s.limits.label_idle)
     except ValueError as e:
         fail("limits.label_idle", str(e))
+    longest = max((duration_ms(w) for w in s.windows.sizes), default=0) + duration_ms(s.windows.judgments)
+    if idle < longest:
+        # A freed place reused while the old value's buckets still show would export more
+        # series than the cap.
+        fail("limits.label_idle", f"must be at least the largest window plus windows.judgments ({longest // 60_000} min)")
     if s.redis.eviction_policy_check not in ("refuse", "warn"):
         fail("redis.eviction_policy_check", "must be refuse or warn")
     if not s.windows.sizes:

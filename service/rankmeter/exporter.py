@@ -29,12 +29,17 @@ log = logging.getLogger("rankmeter.exporter")
 
 class Health:
     """What /healthz and /readyz answer: alive while the loop beats, ready once assigned
-    and while nothing is wrong (`problem` says what is: the store away, state lost)."""
+    and while nothing is wrong: the store away, partitions whose state is lost."""
 
     def __init__(self, stale_after_s: float = 60.0) -> None:
         self.last_beat = time.monotonic()
         self.ready = False
-        self.problem = ""
+        self.store_problem = ""
+        self.lost_problem = ""
+
+    @property
+    def problem(self) -> str:
+        return "; ".join(p for p in (self.store_problem, self.lost_problem) if p)
         self.stale_after_s = stale_after_s
 
     def beat(self) -> None:

@@ -113,6 +113,9 @@ class KafkaSource:
                     found[(topic, p)] = offset
         return found
 
+    def pause(self, partitions: list[int]) -> None:
+        self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in partitions])
+
     def rejoin(self) -> None:
         # Leaving makes the coordinator rebalance now; the next poll joins again and the
         # listener claims whatever this member is given, from the stored state.

@@ -59,15 +59,25 @@ class PartitionState:
         self.buckets = buckets
         self.ab: dict[str, np.ndarray] = {}     # experiment␟ranker␟segment -> cumulative arm sums
         self.dirty_ab: set[str] = set()
-        self.rewrite_buckets = False  # converted from another layout: the next checkpoint writes all
+        self.rewrite_buckets = False
+        self.history: list[str] = []             # layout fingerprints, oldest first (records name an index)
+        self.meta: dict[str, str] = {}           # partition metadata the next checkpoint writes
+        self.drop_fields: list[str] = []         # unreadable stored buckets the next checkpoint deletes  # converted from another layout: the next checkpoint writes all
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
         self.open_queries = 0
 
-    def watermark(self) -> int | None:
-        """How far event time has certainly come: the lower of the two topics' highest
-        timestamps, so a topic read ahead of the other (a backlog) closes nothing early."""
-        return min(self.watermarks.values()) if self.watermarks else None
+    def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
+        """How far event time has certainly come in this partition: the lower of the two
+        topics' highest timestamps, so a topic read ahead of the other (a backlog) closes
+        nothing early. A topic read to its end (`caught_up`) holds nothing back: a quiet
+        feedback topic must not keep every query open. None (close nothing) while a topic
+        with records still to read has not been seen."""
+        behind = [t for t in topics if t not in caught_up]
+        if any(t not in self.watermarks for t in behind):
+            return None
+        seen = [self.watermarks[t] for t in (behind or topics) if t in self.watermarks]
+        return (min if behind else max)(seen) if seen else None
 
 
 class _Touched(NamedTuple):
@@ -86,7 +96,8 @@ def layout_for(settings: Settings) -> Layout:
     tag = hashlib.sha256(grading.encode()).hexdigest()[:8]
     names = measures + list(ONLINE_SIGNALS)
     over_all = names if e.empty_query_policy == "zero" else ONLINE_SIGNALS
-    return Layout(names, over_all, distributed=measures, ids=[f"{m}#{tag}" for m in measures] + list(ONLINE_SIGNALS))
+    return Layout(names, over_all, distributed=measures, ids=[f"{m}#{tag}" for m in measures] + list(ONLINE_SIGNALS),
+                  judged_id=f"judged#{tag}")
 
 
 class Pipeline:
@@ -121,10 +132,11 @@ class Pipeline:
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
         self.fenced: set[int] = set()   # partitions another replica took over (rejoin)
         self.fenced_total = 0
+        # (topic, partition)s read to their end, as of the last lag reading (serve sets it).
+        self.caught_up: set[tuple[str, int]] = set()
         self.lock = threading.Lock()  # between the batch and the exporter's scrape
         self._labels: dict[tuple[str, str], tuple[str, int]] = {}  # -> (label, checked at ms)
         self._layouts: dict[str, Layout | None] = {self.layout.fingerprint: self.layout}
-        self._layout_saved = False
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
         self._zero = bytes(8 * self.layout.size)
@@ -147,9 +159,6 @@ class Pipeline:
         partition is refused (`lost`) unless `rebuild`, which wipes what is left of it
         and re-reads the retained topics from the start. `claim=False` only reads (for
         `rankmeter report`, which must not fence the running replicas)."""
-        if not self._layout_saved and claim:
-            self.store.save_layout(self.layout.fingerprint, self.layout.description)
-            self._layout_saved = True
         committed = committed or {}
         resume = {}
         for p in partitions:
@@ -165,12 +174,24 @@ class Pipeline:
                 if had_state:
                     log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
                     self.store.wipe(p)
-                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="")
+                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[],
+                                                 descriptions={})
                 snapshot = snapshot._replace(offsets={self.impressions_topic: 0, self.feedback_topic: 0})
-            state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks),
-                                   self._load_buckets(p, snapshot.buckets, snapshot.layout))
-            state.rewrite_buckets = bool(snapshot.layout) and snapshot.layout != self.layout.fingerprint
-            state.ab = self._load_ab(snapshot.ab, snapshot.layout)
+            for fingerprint, description in snapshot.descriptions.items():
+                if fingerprint not in self._layouts:
+                    self._layouts[fingerprint] = Layout.from_description(description)
+            state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
+            state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
+            stored = self._layouts.get(snapshot.layout) if snapshot.layout else self.layout
+            state.buckets = self._load_buckets(p, snapshot.buckets, stored, state)
+            state.ab = self._load_ab(snapshot.ab, stored)
+            if not state.history or state.history[-1] != self.layout.fingerprint:
+                # A new configuration: the first checkpoint rewrites every bucket in it and
+                # records it in the partition's history, which converts old records later.
+                state.history.append(self.layout.fingerprint)
+                state.rewrite_buckets = bool(snapshot.layout)
+                state.meta = {"history": " ".join(state.history),
+                              f"layout:{self.layout.fingerprint}": self.layout.description}
             with self.lock:
                 self.partitions[p] = state
             self.lost.discard(p)
@@ -180,10 +201,15 @@ class Pipeline:
                                                "lost": sorted(self.lost)})
         return resume
 
-    def _load_buckets(self, p: int, stored: dict[str, bytes], fingerprint: str) -> dict[BucketKey, np.ndarray]:
-        old = self._layout(fingerprint) if fingerprint else self.layout
+    def _load_buckets(self, p: int, stored: dict[str, bytes], old: Layout | None,
+                      state: PartitionState) -> dict[BucketKey, np.ndarray]:
+        """The stored buckets in this configuration's layout. Buckets that cannot be read
+        (an unknown layout, an unexpected size: written before layouts were recorded) are
+        dropped from the store too, with the next checkpoint: kept, they would be read as
+        this layout after a restart."""
         if old is None:
             log.warning("dropping window buckets written in an unknown layout", extra={"partition": p})
+            state.drop_fields = list(stored)
             return {}
         if old is not self.layout:
             log.info("configuration changed: carrying on the unchanged measures' sums",
@@ -193,12 +219,12 @@ class Pipeline:
             vector = np.frombuffer(data, dtype=np.float64)
             if len(vector) != old.size:
                 log.warning("dropping a window bucket of unexpected size", extra={"partition": p, "bucket": field})
+                state.drop_fields.append(field)
                 continue
             buckets[BucketKey.decode(field)] = vector.copy() if old is self.layout else self.layout.convert(vector, old)
         return buckets
 
-    def _load_ab(self, stored: dict[str, bytes], fingerprint: str) -> dict[str, np.ndarray]:
-        old = self._layout(fingerprint) if fingerprint else self.layout
+    def _load_ab(self, stored: dict[str, bytes], old: Layout | None) -> dict[str, np.ndarray]:
         if old is None:
             return {}
         sums = {}
@@ -207,12 +233,6 @@ class Pipeline:
             if len(vector) == ab_sums.size(old):
                 sums[field] = vector.copy() if old is self.layout else ab_sums.convert(vector, self.layout, old)
         return sums
-
-    def _layout(self, fingerprint: str) -> Layout | None:
-        if fingerprint not in self._layouts:
-            description = self.store.load_layout(fingerprint)
-            self._layouts[fingerprint] = Layout.from_description(description) if description else None
-        return self._layouts[fingerprint]
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Every batch is persisted when `process` returns: forgetting is enough."""
@@ -244,10 +264,12 @@ class Pipeline:
                 stream, event = "feedback", self.decoder.feedback(r.value, now_ms)
             else:
                 continue
-            if not isinstance(event, Rejected) and r.key is not None and r.key != event.query_id.encode():
-                # Keyed otherwise, it may sit in another partition than the rest of its query.
-                event = Rejected("invalid", f"message key {r.key[:100]!r} is not its query_id "
-                                            f"{event.query_id[:100]!r}: both topics must be keyed by query_id")
+            if not isinstance(event, Rejected) and r.key != event.query_id.encode():
+                # Keyed otherwise (or not at all), it may sit in another partition than the
+                # rest of its query: it would be orphaned there without a word.
+                key = "no key" if r.key is None else f"key {r.key[:100]!r}"
+                event = Rejected("invalid", f"message {key} is not its query_id {event.query_id[:100]!r}: "
+                                            f"both topics must be keyed by query_id")
             if isinstance(event, Rejected):
                 counts.setdefault(r.partition, Counter())[(stream, event.outcome)] += 1
                 if event.outcome == "invalid":
@@ -265,6 +287,9 @@ class Pipeline:
         for p, topics in newest.items():
             watermarks = self.partitions[p].watermarks
             for topic, ts in topics.items():
+                # Never past this process's now: one producer with a fast clock (within
+                # windows.max_future) must not close everyone's queries early.
+                ts = min(ts, now_ms)
                 watermarks[topic] = max(watermarks.get(topic, ts), ts)
         refused: dict[int, str] = {}
         for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
@@ -301,7 +326,9 @@ class Pipeline:
         outage is joined as it would have been live."""
         if now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS or not self.partitions:
             return {}
-        watermarks = {p: wm for p, ps in self.partitions.items() if (wm := ps.watermark()) is not None}
+        topics = (self.impressions_topic, self.feedback_topic)
+        watermarks = {p: wm for p, ps in self.partitions.items()
+                      if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
         if not watermarks:
             return {}
         found = self.store.expired(watermarks, SWEEP_LIMIT)
@@ -330,19 +357,33 @@ class Pipeline:
         for p, found in self.store.read(wanted).items():
             cache = self.partitions[p].records
             for qid, data in zip(wanted[p], found):
-                cache[qid] = self._in_layout(decode(data)) if data is not None else QueryRecord()
+                cache[qid] = self._in_layout(decode(data), self.partitions[p].history) if data is not None \
+                    else QueryRecord()
 
-    def _in_layout(self, record: QueryRecord) -> QueryRecord:
-        """A record written under another configuration: its contribution converted like
-        the buckets it sits in, so the next delta moves only what both layouts share."""
-        if record.contribution and record.layout and record.layout != self.layout.fingerprint:
-            old = self._layout(record.layout)
-            vector = np.frombuffer(record.contribution)
-            record.contribution = (self.layout.convert(vector, old).tobytes()
-                                   if old is not None and len(vector) == old.size else b"")
-            ab = np.frombuffer(record.ab_contribution)
-            record.ab_contribution = (ab_sums.convert(ab, self.layout, old).tobytes()
-                                      if old is not None and len(ab) == ab_sums.size(old) else b"")
+    def _in_layout(self, record: QueryRecord, history: list[str]) -> QueryRecord:
+        """A record written under an earlier configuration of its partition (`layout`: its
+        index in the partition's history): its contributions converted through every
+        configuration since, as the buckets were, so the next delta moves only what they
+        all share. One whose layout is unknown adds its whole value again; its bucket was
+        dropped (see `_load_buckets`)."""
+        current = len(history) - 1
+        generation = int(record.layout) if record.layout.isdigit() else -1
+        if generation == current:
+            return record
+        if generation < 0 or generation > current:
+            if len(record.contribution) == 8 * self.layout.size and not record.layout:
+                return record  # written before layouts were recorded, in this one
+            record.contribution, record.ab_contribution = b"", b""
+            return record
+        vector, ab = np.frombuffer(record.contribution), np.frombuffer(record.ab_contribution)
+        for before, after in zip(history[generation:], history[generation + 1:]):
+            old, new = self._layouts.get(before), self._layouts.get(after)
+            if old is None or new is None or len(vector) != old.size:
+                record.contribution, record.ab_contribution = b"", b""
+                return record
+            vector = new.convert(vector, old)
+            ab = ab_sums.convert(ab, new, old) if len(ab) == ab_sums.size(old) else np.zeros(0)
+        record.contribution, record.ab_contribution = vector.tobytes(), ab.tobytes()
         return record
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
@@ -478,11 +519,12 @@ class Pipeline:
         records: dict[int, dict[str, bytes]] = {}
         deadlines: dict[int, dict[str, int]] = {}
         for k, r in touched.items():
-            r.layout = self.layout.fingerprint
+            r.layout = str(len(self.partitions[k.partition].history) - 1)
             records.setdefault(k.partition, {})[k.query_id] = encode(r)
             deadlines.setdefault(k.partition, {})[k.query_id] = self._deadline(r)
         checkpoints = []
-        for p in set(advanced) | set(expired) | set(dirty_buckets) | {p for p, ps in self.partitions.items() if ps.dirty_ab}:
+        pending = {p for p, ps in self.partitions.items() if ps.dirty_ab or ps.meta or ps.drop_fields}
+        for p in set(advanced) | set(expired) | set(dirty_buckets) | pending:
             ps = self.partitions[p]
             ps.offsets.update(advanced.get(p, {}))
             written = records.get(p, {})
@@ -504,10 +546,12 @@ class Pipeline:
                 ab = {f: ps.ab[f].tobytes() for f in (ps.ab if ps.rewrite_buckets else ps.dirty_ab)}
                 ps.rewrite_buckets = False
                 ps.dirty_ab = set()
+                dropped_fields = [b.encode() for b in dropped] + ps.drop_fields
+                meta, ps.meta, ps.drop_fields = ps.meta, {}, []
             checkpoints.append(Checkpoint(
                 partition=p, epoch=ps.epoch, layout=self.layout.fingerprint, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
-                deleted=deleted, buckets=buckets, dropped_buckets=[b.encode() for b in dropped], ab=ab))
+                deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta))
         return checkpoints
 
     def _deadline(self, record: QueryRecord) -> int:

@@ -14,9 +14,10 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
     P:{P:p}:buckets        hash     ranker␟segment␟minute -> encoded window sums
     P:{P:p}:offsets        hash     topic -> next offset to read
     P:{P:p}:meta           hash     epoch (the owner's claim), layout (fingerprint of the
-                                    buckets' and records' layout), watermark:<topic>
+                                    buckets' layout), history (the layouts, oldest first:
+                                    a record names its index), layout:<fp> (descriptions),
+                                    watermark:<topic>
     P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
-    P:layouts              hash     layout fingerprint -> its description (windows.Layout)
     P:ab:start:<baseline>  string   the experiment's start (ms), set once
     P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
     P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
@@ -31,7 +32,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from rankmeter.checkpoint import Checkpoint
-from rankmeter.store import FENCED, LOST, PartitionSnapshot
+from rankmeter.store import FENCED, LOST, PartitionSnapshot, layout_history
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -145,7 +146,7 @@ class RedisStore:
             int(meta.get("epoch", 0)), {k.decode(): int(v) for k, v in offsets.items()},
             {k[len("watermark:"):]: int(v) for k, v in meta.items() if k.startswith("watermark:")},
             meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()},
-            {k.decode(): v for k, v in ab.items()})
+            {k.decode(): v for k, v in ab.items()}, *layout_history(meta))
 
     def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
@@ -173,7 +174,8 @@ class RedisStore:
             args: list = [c.epoch, c.layout]
             sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
                         list(c.buckets.items()), list(c.offsets.items()),
-                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()], list(c.ab.items()))
+                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
+                        list(c.ab.items()))
             for pairs in sections:
                 args.append(len(pairs))
                 args += [x for pair in pairs for x in pair]
@@ -203,9 +205,6 @@ class RedisStore:
             pipe.hdel(self._key(partition, "meta"), "layout")
             pipe.execute()
 
-    def save_layout(self, fingerprint: str, description: str) -> None:
-        self.client.hset(f"{self.prefix}:layouts", fingerprint, description)
-
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         partitions = list(partitions)
         with self.client.pipeline(transaction=False) as pipe:
@@ -226,10 +225,6 @@ class RedisStore:
     def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
         if running:
             self.client.hset(f"{self.prefix}:ab:running:{experiment}", mapping=dict(running))
-
-    def load_layout(self, fingerprint: str) -> str | None:
-        found = self.client.hget(f"{self.prefix}:layouts", fingerprint)
-        return found.decode() if found is not None else None
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         return bool(self._admit(keys=[f"{self.prefix}:labels:{kind}:seen"],

@@ -64,13 +64,16 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     exporter = Exporter(pipeline, health, lambda: dict(lag))
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
 
+    rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
+
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
         try:
-            resume = pipeline.assign(partitions, source.committed(partitions), rebuild)
+            resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0])
         except unavailable as e:
             # Raised inside the client's rebalance: leave the partitions paused; the loop recovers.
-            health.problem = f"state store unavailable while loading partitions: {type(e).__name__}"
+            health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
             return {}
+        rebuilding[0] = False
         health.ready = True
         return resume
 
@@ -84,10 +87,11 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         on_start(pipeline, port)
     last_lag = last_progress = last_ab = time.monotonic()
     consumed = 0
+    paused: set[int] = set()
     try:
         while not stop.is_set():
-            if health.problem and health.problem.startswith("state store unavailable"):
-                _recover(pipeline, source, store, health, stop, rebuild)
+            if health.store_problem:
+                _recover(pipeline, source, store, health, stop)
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
@@ -100,7 +104,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # store (state and offsets agree there) once it answers again.
                     log.error("the state store failed during a batch; reloading from it once it answers",
                               extra={"error": type(e).__name__})
-                    health.problem = f"state store unavailable: {type(e).__name__}"
+                    health.store_problem = f"state store unavailable: {type(e).__name__}"
                     continue
                 except Exception:
                     # Memory may now be ahead of the store: only a restart, which resumes from
@@ -115,11 +119,15 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     pipeline.revoke(list(pipeline.partitions))
                     pipeline.fenced.clear()
                     source.rejoin()
-            health.problem = _lost_problem(pipeline) or health.problem
+                if pipeline.lost - paused:
+                    source.pause(sorted(pipeline.lost - paused))  # lost while consumed: stop reading it
+                    paused |= pipeline.lost
+            health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.clear()
                 lag.update(source.lag())
+                pipeline.caught_up = {tp for tp, behind in lag.items() if behind == 0}
                 last_lag = now
             if now - last_ab >= AB_INTERVAL_S:
                 last_ab = now
@@ -155,7 +163,7 @@ def _lost_problem(pipeline: Pipeline) -> str:
 
 
 def _recover(pipeline: Pipeline, source: Source, store: Store, health: Health,
-             stop: threading.Event, rebuild: bool) -> None:
+             stop: threading.Event) -> None:
     """Wait for the store with bounded backoff (staying alive, not ready), then reload
     the assigned partitions from it and resume the consumer at the stored offsets."""
     pipeline.revoke(list(pipeline.partitions))
@@ -164,13 +172,13 @@ def _recover(pipeline: Pipeline, source: Source, store: Store, health: Health,
         health.beat()  # alive, but not ready
         try:
             partitions = source.assigned()
-            source.seek(pipeline.assign(partitions, source.committed(partitions), rebuild))
-        except store.unavailable as e:
-            log.warning("state store still unavailable; retrying", extra={"error": type(e).__name__,
-                                                                          "retry_in_s": delay})
+            source.seek(pipeline.assign(partitions, source.committed(partitions)))
+        except Exception as e:  # the store, or the broker too: wait and try again
+            log.warning("cannot reload the partitions yet; retrying", extra={"error": type(e).__name__,
+                                                                            "retry_in_s": delay})
             stop.wait(delay)
             delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
             continue
         log.info("state store answers again: partitions reloaded", extra={"partitions": partitions})
-        health.problem = _lost_problem(pipeline)
+        health.store_problem = ""
         return

@@ -36,6 +36,8 @@ class Source(Protocol):
     def assigned(self) -> list[int]: ...
     def seek(self, offsets: dict[tuple[str, int], int]) -> None:
         """Resume from these offsets; assigned partitions not named are paused."""
+    def pause(self, partitions: list[int]) -> None:
+        """Stop reading these partitions of both topics (their state is lost)."""
     def rejoin(self) -> None:
         """Leave the group and join again (after being fenced): a fresh assignment."""
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
@@ -79,6 +81,11 @@ class Bus:
 
     def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
         return {(t, p): o for (t, p), o in self.committed_offsets.items() if p in partitions}
+
+    def pause(self, partitions: list[int]) -> None:
+        with self._lock:
+            for key in [k for k in self.positions if k[1] in partitions]:
+                del self.positions[key]
 
     def rejoin(self) -> None:
         if self._on_revoke is not None:

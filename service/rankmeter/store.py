@@ -25,6 +25,8 @@ class PartitionSnapshot(NamedTuple):
     layout: str                  # fingerprint of the stored buckets' layout ("" if none)
     buckets: dict[str, bytes]
     ab: dict[str, bytes] = {}    # experiment arm sums (checkpoint.Checkpoint.ab)
+    history: list[str] = []      # the partition's layout fingerprints, oldest first
+    descriptions: dict[str, str] = {}  # fingerprint -> windows.Layout description
 
 
 class Store(Protocol):
@@ -50,8 +52,6 @@ class Store(Protocol):
     def wipe(self, partition: int) -> None:
         """Delete the partition's state (before rebuilding it from the topics)."""
 
-    def save_layout(self, fingerprint: str, description: str) -> None: ...
-
     def partitions(self) -> list[int]:
         """Every partition with stored state (the experiment's statistics sum them all)."""
 
@@ -67,13 +67,17 @@ class Store(Protocol):
         """What an always-valid statistic keeps between looks (running minimum p, the
         intersection of the confidence sequence), per comparison."""
 
-    def load_layout(self, fingerprint: str) -> str | None: ...
-
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         """Whether `value` may be its own label of `kind`: at most `cap` values seen in the
         last `idle_ms` (across replicas); admitting refreshes the value's last use."""
 
     def close(self) -> None: ...
+
+
+def layout_history(meta: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """A partition's layout history and descriptions, from its metadata fields."""
+    return (meta.get("history", "").split(),
+            {k[len("layout:"):]: v for k, v in meta.items() if k.startswith("layout:")})
 
 
 class MemoryStore:
@@ -86,13 +90,13 @@ class MemoryStore:
         self.offsets: dict[int, dict[str, int]] = {}
         self.watermarks: dict[int, dict[str, int]] = {}
         self.layouts: dict[int, str] = {}
+        self.meta: dict[int, dict[str, str]] = {}
         self.records: dict[int, dict[str, bytes]] = {}
         self.deadlines: dict[int, dict[str, int]] = {}
         self.buckets: dict[int, dict[str, bytes]] = {}
         self.ab: dict[int, dict[str, bytes]] = {}
         self.starts: dict[str, int] = {}
         self.running: dict[str, dict[str, str]] = {}
-        self.descriptions: dict[str, str] = {}
         self.labels: dict[str, dict[str, int]] = {}
 
     def claim(self, partition: int) -> PartitionSnapshot:
@@ -102,7 +106,8 @@ class MemoryStore:
     def load(self, partition: int) -> PartitionSnapshot:
         p = partition
         return PartitionSnapshot(self.epochs.get(p, 0), dict(self.offsets.get(p, {})), dict(self.watermarks.get(p, {})),
-                                 self.layouts.get(p, ""), dict(self.buckets.get(p, {})), dict(self.ab.get(p, {})))
+                                 self.layouts.get(p, ""), dict(self.buckets.get(p, {})), dict(self.ab.get(p, {})),
+                                 *layout_history(self.meta.get(p, {})))
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         return {p: [self.records.get(p, {}).get(q) for q in qids] for p, qids in wanted.items()}
@@ -127,6 +132,7 @@ class MemoryStore:
                 self.buckets[p].pop(field, None)
             self.ab.setdefault(p, {}).update(c.ab)
             self.layouts[p] = c.layout
+            self.meta.setdefault(p, {}).update(c.meta)
             self.offsets.setdefault(p, {}).update(c.offsets)
             self.watermarks.setdefault(p, {}).update(c.watermarks)
         return refused
@@ -140,14 +146,9 @@ class MemoryStore:
         return out
 
     def wipe(self, partition: int) -> None:
-        for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets, self.ab):
+        for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets, self.ab,
+                      self.meta):
             table.pop(partition, None)
-
-    def save_layout(self, fingerprint: str, description: str) -> None:
-        self.descriptions[fingerprint] = description
-
-    def load_layout(self, fingerprint: str) -> str | None:
-        return self.descriptions.get(fingerprint)
 
     def partitions(self) -> list[int]:
         return sorted(self.offsets)

@@ -70,9 +70,11 @@ class Layout:
     """
 
     def __init__(self, metric_names: list[str], averaged_over_all: Iterable[str],
-                 distributed: Iterable[str] = (), ids: list[str] | None = None) -> None:
+                 distributed: Iterable[str] = (), ids: list[str] | None = None,
+                 judged_id: str = "judged") -> None:
         self.names = metric_names
         self.ids = ids if ids is not None else list(metric_names)
+        self.judged_id = judged_id  # "judged" depends on the grades too: tagged like quality measures
         over_all = set(averaged_over_all)
         self.over_all = np.array([n in over_all for n in metric_names])
         self.distributed = [n for n in metric_names if n in set(distributed)]
@@ -82,14 +84,14 @@ class Layout:
         self.all_slot, self.judged_slot = self.size - 2, self.size - 1
         self.description = json.dumps({"ids": self.ids, "over_all": sorted(over_all & set(metric_names)),
                                        "distributed": [self.ids[c] for c in self._distributed_columns],
-                                       "names": metric_names}, sort_keys=True)
+                                       "names": metric_names, "judged": judged_id}, sort_keys=True)
         self.fingerprint = hashlib.sha256(self.description.encode()).hexdigest()[:16]
 
     @classmethod
     def from_description(cls, description: str) -> Layout:
         d = json.loads(description)
         distributed = {d["names"][d["ids"].index(i)] for i in d["distributed"]}
-        return cls(d["names"], d["over_all"], distributed, d["ids"])
+        return cls(d["names"], d["over_all"], distributed, d["ids"], d.get("judged", "judged"))
 
     def _slots(self) -> dict[tuple[str, int], int]:
         """(identity, k) -> index: k < SLOTS for the sums, SLOTS + b for bin b, and the two
@@ -97,7 +99,7 @@ class Layout:
         slots = {(i, k): SLOTS * c + k for c, i in enumerate(self.ids) for k in range(SLOTS)}
         for j, c in enumerate(self._distributed_columns):
             slots.update({(self.ids[c], SLOTS + b): self.bins_start + BINS * j + b for b in range(BINS)})
-        slots[("queries", 0)], slots[("queries", 1)] = self.all_slot, self.judged_slot
+        slots[("queries", 0)], slots[(self.judged_id, 0)] = self.all_slot, self.judged_slot
         return slots
 
     def remap(self, old: Layout) -> tuple[np.ndarray, np.ndarray]:
