@@ -121,7 +121,10 @@ class PipelineCollector:
         for p in sorted(self.pipeline.lost):
             lost.add_metric([str(p)], 1)
         yield lost
-        yield from self._experiment()
+        yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
+                                  "replica had claimed the partition (this one had stalled).",
+                                  value=self.pipeline.fenced_total)
+        yield from self._experiment()  # last: it returns early without an experiment
 
     def _experiment(self) -> Iterator[Metric]:
         result = self.pipeline.ab_result
@@ -156,9 +159,6 @@ class PipelineCollector:
         for segment, p in result.srm.items():
             srm.add_metric([result.baseline, segment], p)
         yield from (queries, judged, srm)
-        yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
-                                  "replica had claimed the partition (this one had stalled).",
-                                  value=self.pipeline.fenced_total)
 
 
 class Exporter:

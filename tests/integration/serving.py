@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
@@ -81,12 +82,25 @@ class Serve:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def start(self, create_topics: int | None = 4) -> Serve:
-        args = [RANKMETER, "serve"] + (["--create-topics", str(create_topics)] if create_topics else [])
+    def start(self, create_topics: int | None = 4, args: Iterable[str] = (), wait_ready: bool = True) -> Serve:
+        """`args`: more `serve` options (`--rebuild`). `wait_ready=False`: return once
+        /healthz answers, for a process that is meant not to become ready."""
+        command = [RANKMETER, "serve"] + (["--create-topics", str(create_topics)] if create_topics else []) + list(args)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(args, env=self.env, stdout=log, stderr=log)
-        wait_until(lambda: self._answers("/readyz"), 60, "rankmeter serve to become ready")
+        self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+        if wait_ready:
+            wait_until(lambda: self._answers("/readyz"), 60, "rankmeter serve to become ready")
+        else:
+            wait_until(lambda: self._answers("/healthz"), 60, "rankmeter serve to answer")
         return self
+
+    def get(self, path: str) -> tuple[int, str]:
+        """Status and body of one of the endpoints (503s included)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
 
     def _answers(self, path: str) -> bool:
         if self.process is not None and self.process.poll() is not None:
