@@ -36,11 +36,11 @@ class Health:
         self.ready = False
         self.store_problem = ""
         self.lost_problem = ""
+        self.stale_after_s = stale_after_s
 
     @property
     def problem(self) -> str:
         return "; ".join(p for p in (self.store_problem, self.lost_problem) if p)
-        self.stale_after_s = stale_after_s
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
