@@ -420,3 +420,36 @@ def test_records_and_buckets_from_before_layouts_were_recorded_do_not_crash():
     assert sums["P@10"].value_sum == pytest.approx(0.2) and sums["P@10"].count == 1
     fields = list(store.buckets[0])
     assert all(len(store.buckets[0][f]) == 8 * new.layout.size for f in fields)
+
+
+def test_the_label_cap_releases_values_unseen_for_label_idle_and_counts_folding():
+    clock, now_ms = Clock(), int(NOW_S * 1000)
+    settings = config.load(None, {"RANKMETER_LIMITS_MAX_RANKERS": "1", "RANKMETER_LIMITS_LABEL_IDLE": "2d"})
+    pipeline, feed = one_partition([impression("q0", now_ms, ranker="v1")], settings=settings, clock=clock)
+    feed([impression("q1", now_ms, ranker="v2")])
+    assert {v.ranker for v in pipeline.views()} == {"v1", "other"} and pipeline.folded["ranker"] == 1
+    clock.t += 3 * 86_400   # v1 unseen for 3 days: its place is free
+    later = int(clock.t * 1000)
+    feed([impression("q2", later, ranker="v2"), click("q2", later)])
+    assert {v.ranker for v in pipeline.views()} >= {"v2"} and pipeline.folded["ranker"] == 1
+    feed([impression("q3", later, ranker="v1")])   # now v1 is the one past the cap
+    assert pipeline.folded["ranker"] == 2
+
+
+def test_a_long_backlog_closes_over_several_batches():
+    """A sweep closes at most SWEEP_LIMIT queries per partition: an outage's backlog is
+    closed over several batches, each bounded, and every query closes in the end."""
+    from rankmeter.pipeline import SWEEP_LIMIT
+    clock, now_ms = Clock(), int(NOW_S * 1000)
+    store = MemoryStore()
+    settings = config.load(None, {"RANKMETER_WINDOWS_JUDGMENTS": "30m"})
+    n = 2 * SWEEP_LIMIT + 10
+    pipeline, feed = one_partition([impression(f"q{i}", now_ms - 3_600_000) for i in range(n)]
+                                   + [click("q0", now_ms - 3_600_000)], settings=settings, store=store, clock=clock)
+    sizes = []
+    for _ in range(4):
+        before = len(store.records[0])
+        feed([impression(f"new{len(sizes)}", now_ms), click(f"new{len(sizes)}", now_ms)])
+        sizes.append(before + 1 - len(store.records[0]))
+    assert max(sizes) <= SWEEP_LIMIT and sum(sizes) == n
+    assert all(not q.startswith("q") for q in store.records[0])

@@ -1,0 +1,69 @@
+"""The Redis store's scripts on a real Redis: the checkpoint (chunked arguments, every
+section, fencing, lost state) and the label cap with idle expiry."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from rankmeter.checkpoint import Checkpoint
+from rankmeter.redis_store import RedisStore
+from rankmeter.store import FENCED, LOST
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(redis_url):
+    s = RedisStore(redis_url, f"rs-{uuid.uuid4().hex[:8]}")
+    yield s
+    for key in s.client.scan_iter(match=f"{s.prefix}:*"):
+        s.client.delete(key)
+    s.close()
+
+
+def checkpoint(epoch: int, **changes) -> Checkpoint:
+    base = dict(partition=0, epoch=epoch, layout="L", offsets={}, watermarks={}, records={}, deadlines={},
+                deleted=[], buckets={}, dropped_buckets=[], ab={}, meta={})
+    return Checkpoint(**{**base, **changes})
+
+
+def test_a_checkpoint_writes_every_section_in_chunks(store):
+    epoch = store.claim(0).epoch
+    records = {f"q{i}": b"r%d" % i for i in range(7001)}      # past the 4,000-argument chunks
+    refused = store.commit([checkpoint(
+        epoch, records=records, deadlines={q: i for i, q in enumerate(records)},
+        buckets={"a\x1f\x1f1": b"x", "b\x1f\x1f2": b"y"}, offsets={"imp": 10, "fb": 7},
+        watermarks={"imp": 123}, ab={"e\x1fa\x1f": b"z"}, meta={"history": "L"})])
+    assert refused == {}
+    assert store.client.hlen(store._key(0, "queries")) == 7001 and store.client.zcard(store._key(0, "open")) == 7001
+    assert store.client.zscore(store._key(0, "open"), "q7000") == 7000
+    deleted = [f"q{i}" for i in range(4500)]
+    assert store.commit([checkpoint(epoch, deleted=deleted, dropped_buckets=["a\x1f\x1f1"])]) == {}
+    assert store.client.hlen(store._key(0, "queries")) == 2501 and store.client.zcard(store._key(0, "open")) == 2501
+    snapshot = store.load(0)
+    assert snapshot.offsets == {"imp": 10, "fb": 7} and snapshot.watermarks == {"imp": 123}
+    assert snapshot.buckets == {"b\x1f\x1f2": b"y"} and snapshot.ab == {"e\x1fa\x1f": b"z"}
+    assert snapshot.layout == "L" and snapshot.history == ["L"] and snapshot.epoch == epoch
+
+
+def test_a_stale_epoch_is_fenced_and_a_vanished_state_is_lost(store):
+    old = store.claim(0).epoch
+    new = store.claim(0).epoch
+    assert new == old + 1
+    assert store.commit([checkpoint(old, offsets={"imp": 5})]) == {0: FENCED}
+    assert store.load(0).offsets == {}
+    store.client.delete(store._key(0, "meta"))   # Redis restarted empty
+    assert store.commit([checkpoint(new, offsets={"imp": 5})]) == {0: LOST}
+    assert store.load(0).offsets == {}
+
+
+def test_the_label_cap_admits_until_full_and_frees_idle_values(store):
+    day = 86_400_000
+    assert store.admit_label("ranker", "v1", 2, now_ms=0, idle_ms=2 * day)
+    assert store.admit_label("ranker", "v2", 2, now_ms=day, idle_ms=2 * day)
+    assert not store.admit_label("ranker", "v3", 2, now_ms=day, idle_ms=2 * day)
+    assert store.admit_label("ranker", "v1", 2, now_ms=day, idle_ms=2 * day)    # known: refreshed
+    assert not store.admit_label("ranker", "v3", 2, now_ms=2 * day, idle_ms=2 * day)
+    assert store.admit_label("ranker", "v3", 2, now_ms=3 * day + 1, idle_ms=2 * day)  # v1, v2 idle > 2 days
