@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--window", help="the window to show (default: the smallest configured)")
     rp.add_argument("--baseline", metavar="RANKER", help="show the other rankers' differences to this one")
     rp.add_argument("--format", choices=["table", "json"], default="table")
+    rp.add_argument("--ab", action="store_true",
+                    help="the A/B experiment instead: per treatment and measure the delta, its always-valid "
+                         "confidence sequence and p-value, judged shares, sample-ratio check and a verdict")
+    rp.add_argument("--html", metavar="FILE",
+                    help="with --ab: also write a self-contained HTML report with plots to FILE")
     rp.set_defaults(run_command=_report)
     return parser
 
@@ -264,6 +269,8 @@ def _report(args: argparse.Namespace) -> int:
         store.ping()  # also refuses a cluster node without redis.cluster: it would report a third
         pipeline = Pipeline(settings, store, dead_letter=lambda record, reason: None)
         pipeline.assign(store.partitions(), claim=False)  # read-only: loads the stored buckets
+    if args.ab:
+        return _report_ab(args, settings, pipeline, store)
     views = pipeline.views()
     if args.format == "json":
         print(json.dumps([{**v._asdict(), "sums": {m: s._asdict() for m, s in v.sums.items()}}
@@ -271,6 +278,37 @@ def _report(args: argparse.Namespace) -> int:
     else:
         header = f"rankmeter report — {redact(settings.redis.url)} — window {window} — {len(pipeline.partitions)} partitions"
         print(render(views, window, header, args.baseline))
+    return 0
+
+
+def _report_ab(args: argparse.Namespace, settings, pipeline, store) -> int:
+    import json
+
+    from rankmeter.ab import report
+
+    if not settings.ab.baseline:
+        raise UsageError("no experiment configured: set ab.baseline (RANKMETER_AB_BASELINE)")
+    with _reaching(settings):
+        look = pipeline.ab_look(save=False)  # read only: the running service keeps the state
+        history = store.looks(look.experiment) if look else []
+    if look is None:
+        raise UsageError(f"no experiment data in Redis for baseline {settings.ab.baseline!r} yet")
+    alpha = settings.ab.alpha
+    if args.format == "json":
+        print(json.dumps({"experiment": look.experiment, "baseline": look.baseline, "srm": look.srm,
+                          "arms": [a._asdict() for a in look.arms],
+                          "comparisons": [{**c._asdict(), "estimate": c.estimate._asdict(),
+                                           "running": c.running._asdict(), "verdict": report.verdict(c, look, alpha)}
+                                          for c in look.comparisons]}, indent=1))
+    else:
+        print(report.table(look, alpha))
+    if args.html:
+        try:
+            text = report.page(look, history, alpha, pipeline.layout.names)
+        except ImportError:
+            raise UsageError("--html needs matplotlib: pip install 'rankmeter[report]'") from None
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(text)
     return 0
 
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
+from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look
 from rankmeter.ab.experiment import look as ab_look
@@ -45,6 +46,8 @@ SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage'
                             # closes over several batches, not in one huge read
 LABEL_REFRESH_MS = 60_000   # how often an admitted label's last use is refreshed in the store
 CACHE_LIMIT = 200_000       # query records kept in memory per partition
+HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
+HISTORY_KEEP = 20_000         # ... for two weeks
 
 
 class PartitionState:
@@ -146,6 +149,7 @@ class Pipeline:
         # first impression of another ranker, agreed across replicas through the store).
         self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
         self.ab_result: Look | None = None
+        self._last_history_ms = 0
 
     # ---- assignment ----
 
@@ -591,10 +595,11 @@ class Pipeline:
             return window_views([ps.buckets for ps in self.partitions.values()],
                                 self.layout, self.windows, now_ms)
 
-    def ab_look(self) -> Look | None:
+    def ab_look(self, save: bool = True) -> Look | None:
         """One look at the experiment, over every partition's stored arm sums (the
         statistics are global: serve runs this on the replica that holds partition 0).
-        Keeps the result for the exporter in `ab_result`."""
+        Keeps the result for the exporter in `ab_result`; with `save`, stores what the
+        running statistics keep, and a line of history once a minute."""
         if not self.baseline:
             return None
         stored = self.store.load_ab(self.store.partitions())
@@ -615,7 +620,12 @@ class Pipeline:
                 vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
         running = self.store.load_running(experiment)
         result, kept = ab_look(experiment, self.baseline, vectors, self.layout, self.settings.ab, running)
-        self.store.save_running(experiment, kept)
+        now_ms = int(self.clock() * 1000)
+        if save:
+            self.store.save_running(experiment, kept)
+            if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
+                self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP)
+                self._last_history_ms = now_ms
         self.ab_result = result
         return result
 

@@ -20,6 +20,7 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
     P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
     P:ab:start:<baseline>  string   the experiment's start (ms), set once
     P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
+    P:ab:looks:<exp>       list     one JSON line per minute: the experiment's history
     P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
 """
 
@@ -225,6 +226,16 @@ class RedisStore:
     def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
         if running:
             self.client.hset(f"{self.prefix}:ab:running:{experiment}", mapping=dict(running))
+
+    def append_look(self, experiment: str, line: str, keep: int) -> None:
+        key = f"{self.prefix}:ab:looks:{experiment}"
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, line)
+            pipe.ltrim(key, -keep, -1)
+            pipe.execute()
+
+    def looks(self, experiment: str) -> list[str]:
+        return [line.decode() for line in self.client.lrange(f"{self.prefix}:ab:looks:{experiment}", 0, -1)]
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         return bool(self._admit(keys=[f"{self.prefix}:labels:{kind}:seen"],

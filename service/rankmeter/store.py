@@ -63,6 +63,11 @@ class Store(Protocol):
 
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
+    def append_look(self, experiment: str, line: str, keep: int) -> None:
+        """The experiment's history (for `rankmeter report --ab --html`): the last `keep`."""
+
+    def looks(self, experiment: str) -> list[str]: ...
+
     def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
         """What an always-valid statistic keeps between looks (running minimum p, the
         intersection of the confidence sequence), per comparison."""
@@ -97,6 +102,7 @@ class MemoryStore:
         self.ab: dict[int, dict[str, bytes]] = {}
         self.starts: dict[str, int] = {}
         self.running: dict[str, dict[str, str]] = {}
+        self.history: dict[str, list[str]] = {}
         self.labels: dict[str, dict[str, int]] = {}
 
     def claim(self, partition: int) -> PartitionSnapshot:
@@ -164,6 +170,14 @@ class MemoryStore:
 
     def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
         self.running.setdefault(experiment, {}).update(running)
+
+    def append_look(self, experiment: str, line: str, keep: int) -> None:
+        lines = self.history.setdefault(experiment, [])
+        lines.append(line)
+        del lines[:-keep]
+
+    def looks(self, experiment: str) -> list[str]:
+        return list(self.history.get(experiment, []))
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         seen = self.labels.setdefault(kind, {})

@@ -1,0 +1,128 @@
+"""`rankmeter report --ab`: an experiment's result as a table, or a self-contained HTML
+page with plots (delta with its confidence sequence, p-value and arm sizes over time).
+
+The verdict per comparison: `invalid: SRM` while the sample-ratio test rejects the
+configured split (the arms are not what was planned: nothing else can be trusted),
+else `better` or `worse` once the always-valid p-value is below alpha (in the
+measure's direction: lower is better for Abandonment and FirstClickRank), else
+`inconclusive`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Sequence
+
+from rankmeter.ab.experiment import Comparison, Look
+
+LOWER_IS_BETTER = frozenset({"Abandonment", "FirstClickRank"})
+
+
+def verdict(c: Comparison, look: Look, alpha: float) -> str:
+    if look.srm.get(c.segment, 1.0) < alpha:
+        return "invalid: SRM"
+    if c.running.p_value >= alpha or not math.isfinite(c.estimate.delta):
+        return "inconclusive"
+    improved = (c.estimate.delta < 0) if c.metric in LOWER_IS_BETTER else (c.estimate.delta > 0)
+    return "better" if improved else "worse"
+
+
+def table(look: Look, alpha: float, average: str = "macro") -> str:
+    lines = [f"experiment {look.experiment} — baseline {look.baseline} — alpha {alpha:g}", ""]
+    lines.append(f"{'ranker':<18}{'segment':<10}{'queries':>9}{'judged':>9}")
+    for arm in look.arms:
+        share = arm.judged / arm.queries if arm.queries else math.nan
+        lines.append(f"{arm.ranker:<18}{arm.segment or '-':<10}{int(arm.queries):>9}{share:>9.1%}")
+    for segment, p in sorted(look.srm.items()):
+        state = "MISMATCH: do not trust this experiment" if p < alpha else "ok"
+        lines.append(f"sample ratio ({segment or 'all'}): p = {p:.4g}  {state}")
+    lines += ["", f"{'treatment':<18}{'segment':<10}{'metric':<16}{'delta':>10}{'relative':>10}"
+                  f"{'confidence sequence':>26}{'p':>10}  verdict"]
+    for c in look.comparisons:
+        if c.average != average:
+            continue
+        cs = f"[{c.running.ci_lower:+.4f}, {c.running.ci_upper:+.4f}]"
+        lines.append(f"{c.ranker:<18}{c.segment or '-':<10}{c.metric:<16}{c.estimate.delta:>+10.4f}"
+                     f"{c.estimate.relative:>+10.1%}{cs:>26}{c.running.p_value:>10.4g}  {verdict(c, look, alpha)}")
+    if not look.comparisons:
+        lines.append("(no statistics yet: each arm needs ab.min_queries queries)")
+    return "\n".join(lines)
+
+
+def snapshot(look: Look, at_ms: int) -> str:
+    """One line of the experiment's history (kept in the store, one per minute)."""
+    return json.dumps({"t": at_ms,
+                       "arms": {f"{a.ranker}\x1f{a.segment}": a.queries for a in look.arms},
+                       "srm": look.srm,
+                       "c": {"\x1f".join((c.metric, c.ranker, c.segment, c.average)):
+                             [c.estimate.delta, c.running.ci_lower, c.running.ci_upper, c.running.p_value]
+                             for c in look.comparisons}})
+
+
+def page(look: Look, history: Sequence[str], alpha: float, metrics: Sequence[str]) -> str:
+    """A self-contained HTML report: the table, and per metric the macro delta with its
+    confidence sequence and the p-value over time, then the arms' sizes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [json.loads(line) for line in history]
+    figures = []
+    for metric in metrics:
+        keys = sorted({k for p in points for k in p["c"] if k.split("\x1f")[0] == metric and k.endswith("macro")})
+        if not keys:
+            continue
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+        for key in keys:
+            _, ranker, segment, _ = key.split("\x1f")
+            rows = [(p["t"] / 3_600_000, *p["c"][key]) for p in points if key in p["c"]]
+            t0 = rows[0][0]
+            hours = [r[0] - t0 for r in rows]
+            label = f"{ranker}{' / ' + segment if segment else ''}"
+            top.plot(hours, [r[1] for r in rows], label=f"{label}: delta")
+            top.fill_between(hours, [_finite(r[2]) for r in rows], [_finite(r[3]) for r in rows], alpha=0.2,
+                             label=f"{label}: confidence sequence")
+            bottom.plot(hours, [r[4] for r in rows], label=label)
+        top.axhline(0, color="black", linewidth=0.8)
+        top.set_ylabel(f"{metric} − {look.baseline}")
+        top.set_title(f"{metric} (macro): treatment − baseline, always-valid {1 - alpha:.0%} confidence sequence")
+        top.legend(fontsize=7)
+        bottom.axhline(alpha, color="red", linestyle="--", linewidth=0.8, label=f"alpha = {alpha:g}")
+        bottom.set_yscale("log")
+        bottom.set_ylabel("always-valid p")
+        bottom.set_xlabel("hours since the first look")
+        bottom.legend(fontsize=7)
+        figures.append(_png(fig))
+        plt.close(fig)
+    if points:
+        fig, ax = plt.subplots(figsize=(8, 3))
+        for arm in sorted({a for p in points for a in p["arms"]}):
+            rows = [(p["t"] / 3_600_000, p["arms"][arm]) for p in points if arm in p["arms"]]
+            ranker, segment = arm.split("\x1f")
+            ax.plot([r[0] - rows[0][0] for r in rows], [r[1] for r in rows],
+                    label=f"{ranker}{' / ' + segment if segment else ''}")
+        ax.set_ylabel("queries")
+        ax.set_xlabel("hours since the first look")
+        ax.set_title("Arm sizes")
+        ax.legend(fontsize=7)
+        figures.append(_png(fig))
+        plt.close(fig)
+    images = "\n".join(f'<p><img alt="plot" src="data:image/png;base64,{f}"></p>' for f in figures)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>rankmeter A/B {html.escape(look.experiment)}"
+            f"</title></head><body style='font-family: sans-serif'><h1>A/B experiment {html.escape(look.experiment)}</h1>"
+            f"<pre>{html.escape(table(look, alpha))}</pre>{images or '<p>No history yet.</p>'}</body></html>")
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.nan
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=90)
+    return base64.b64encode(buffer.getvalue()).decode()
