@@ -25,6 +25,8 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     timestamp_ms: int
     results: list[str]  # in rank order, each document once
     segment: str = ""
+    experiment: str = ""     # a team-draft interleaving experiment, when the list is interleaved ...
+    teams: list[str] = []    # ... and the ranker (team) that contributed each position of `results`
 
 
 class Feedback(msgspec.Struct, array_like=True, frozen=True):
@@ -45,12 +47,18 @@ class Rejected(NamedTuple):
 
 # ---- what arrives on the wire ----------------------------------------------------
 
+class _Interleaving(msgspec.Struct):
+    experiment: str
+    teams: list[str]
+
+
 class _NativeImpression(msgspec.Struct):
     query_id: str
     ranker: str
     timestamp: str | int
     results: list[str]
     segment: str | None = None
+    interleaving: _Interleaving | None = None
     user_query: str | None = None
     session_id: str | None = None
     client_id: str | None = None
@@ -142,8 +150,11 @@ class Decoder:
             return Rejected("invalid", _why(e, "impression"))
         except msgspec.DecodeError as e:
             return Rejected("invalid", f"not UTF-8 JSON: {e}")
-        return self._impression(native.query_id, native.ranker, native.timestamp,
-                                native.results, native.segment or "", now_ms)
+        impression = self._impression(native.query_id, native.ranker, native.timestamp,
+                                      native.results, native.segment or "", now_ms)
+        if native.interleaving is None or isinstance(impression, Rejected):
+            return impression
+        return _interleaved(impression, native.results, native.interleaving)
 
     def _ubi_query(self, raw: dict, now_ms: int) -> Impression | Rejected:
         try:
@@ -269,6 +280,20 @@ class Decoder:
         if ms > now_ms + self.max_future_ms:
             return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
         return ms
+
+
+def _interleaved(impression: Impression, shown: list[str], il: _Interleaving) -> Impression | Rejected:
+    """Team-draft attribution (brief §2): a team per position of the list as sent, kept for
+    each document's first position like the list itself; exactly two teams."""
+    if len(il.teams) != len(shown):
+        return Rejected("invalid", f"interleaving.teams has {len(il.teams)} entries for {len(shown)} results")
+    if not il.experiment or len(set(il.teams)) != 2:
+        return Rejected("invalid", "interleaving needs an experiment name and exactly two teams")
+    first = {}
+    for doc, team in zip(shown, il.teams):
+        first.setdefault(doc, team)
+    return msgspec.structs.replace(impression, experiment=il.experiment,
+                                   teams=[first[doc] for doc in impression.results])
 
 
 def _never_raising(decode, value: bytes | None, now_ms: int):

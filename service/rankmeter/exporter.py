@@ -29,18 +29,19 @@ log = logging.getLogger("rankmeter.exporter")
 
 class Health:
     """What /healthz and /readyz answer: alive while the loop beats, ready once assigned
-    and while nothing is wrong: the store away, partitions whose state is lost."""
+    and while nothing is wrong: the store away, the broker away, partitions whose state is lost."""
 
     def __init__(self, stale_after_s: float = 60.0) -> None:
         self.last_beat = time.monotonic()
         self.ready = False
         self.store_problem = ""
         self.lost_problem = ""
+        self.source_problem = ""
         self.stale_after_s = stale_after_s
 
     @property
     def problem(self) -> str:
-        return "; ".join(p for p in (self.store_problem, self.lost_problem) if p)
+        return "; ".join(p for p in (self.store_problem, self.source_problem, self.lost_problem) if p)
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -126,7 +127,29 @@ class PipelineCollector:
                                   value=self.pipeline.fenced_total)
         yield from self._experiment()  # last: it returns early without an experiment
 
+    def _interleaving(self) -> Iterator[Metric]:
+        labels = ["experiment", "ranker_a", "ranker_b"]
+        queries = GaugeMetricFamily(
+            "rankmeter_interleaving_queries", "Interleaved queries with a click since the experiment began, by "
+            "outcome: the ranker whose team got more clicks, or tie. A gauge, not a counter: a later click can "
+            "change a query's outcome.", labels=["experiment", "outcome"])
+        preference = GaugeMetricFamily(
+            "rankmeter_interleaving_preference", "Team-draft preference (wins of ranker_a - wins of ranker_b) / "
+            "(wins + ties): above 0, ranker_a is preferred.", labels=labels)
+        p_value = GaugeMetricFamily(
+            "rankmeter_interleaving_p_value", "Always-valid p-value for a preference != 0 (mSPRT, running "
+            "minimum).", labels=labels)
+        for r in self.pipeline.interleaving_result:
+            for outcome, n in ((r.team_a, r.wins_a), (r.team_b, r.wins_b), ("tie", r.ties)):
+                queries.add_metric([r.experiment, outcome], n)
+            if math.isfinite(r.estimate.delta):
+                preference.add_metric([r.experiment, r.team_a, r.team_b], r.estimate.delta)
+            if r.running is not None:
+                p_value.add_metric([r.experiment, r.team_a, r.team_b], r.running.p_value)
+        yield from (queries, preference, p_value)
+
     def _experiment(self) -> Iterator[Metric]:
+        yield from self._interleaving()
         result = self.pipeline.ab_result
         if result is None:
             return

@@ -34,6 +34,7 @@ class QueryRecord(msgspec.Struct, array_like=True):
     layout: str = ""                 # fingerprint of the layout `contribution` is in
     ab_contribution: bytes = b""     # what the query adds to its experiment arm's sums
     ab_experiment: str = ""          # the experiment those sums belong to
+    interleaving_outcome: int = -1   # 0: team A won, 1: team B, 2: a tie, -1: no click yet
 
     def grade(self, doc: str) -> float:
         """An explicit judgment if any (the latest wins), else the highest implicit grade;

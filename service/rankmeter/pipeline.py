@@ -26,7 +26,7 @@ import numpy as np
 
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.experiment import Look
+from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.checkpoint import Checkpoint
 from rankmeter.config import Settings, duration_ms, time_ms
@@ -149,6 +149,7 @@ class Pipeline:
         # first impression of another ranker, agreed across replicas through the store).
         self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
         self.ab_result: Look | None = None
+        self.interleaving_result: list[Preference] = []
         self._last_history_ms = 0
 
     # ---- assignment ----
@@ -234,7 +235,9 @@ class Pipeline:
         sums = {}
         for field, data in stored.items():
             vector = np.frombuffer(data, dtype=np.float64)
-            if len(vector) == ab_sums.size(old):
+            if field.startswith("il\x1f"):
+                sums[field] = vector.copy()  # interleaving counts: the same in every layout
+            elif len(vector) == ab_sums.size(old):
                 sums[field] = vector.copy() if old is self.layout else ab_sums.convert(vector, self.layout, old)
         return sums
 
@@ -461,6 +464,7 @@ class Pipeline:
                 values[:, offset + j] = np.where(den != 0, num / den, UNDEFINED.get(name, 0.0))
             nums[:, offset + j], dens[:, offset + j] = num, den
         self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
+        self._move_interleaving(keys, records)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
         previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records))
         deltas = contributions - previous.reshape(contributions.shape)
@@ -496,7 +500,9 @@ class Pipeline:
                 return
             self.experiment_start = self.store.experiment_start(self.baseline, min(first))
         experiment = f"{self.baseline}@{self.experiment_start}"
-        inside = np.array([r.impression.timestamp_ms >= self.experiment_start for r in records])
+        # Interleaved lists are no arm of the A/B test: they have their own experiment.
+        inside = np.array([r.impression.timestamp_ms >= self.experiment_start and not r.impression.experiment
+                           for r in records])
         if not inside.any():
             return
         new = ab_sums.contributions(self.layout, values, nums, dens, judged)
@@ -514,6 +520,30 @@ class Pipeline:
                 sums += vector - np.frombuffer(old)
                 ps.dirty_ab.add(field)
                 record.ab_contribution, record.ab_experiment = vector.tobytes(), experiment
+
+    def _move_interleaving(self, keys: list[_Touched], records: list[QueryRecord]) -> None:
+        """Team-draft credit (Radlinski et al., CIKM 2008): each clicked document counts for
+        the team that contributed its position; the team with more clicks wins the query.
+        A query's outcome moves the experiment's counts when later clicks change it."""
+        for k, record in zip(keys, records):
+            impression = record.impression
+            if not impression.experiment:
+                continue
+            a, b = sorted(set(impression.teams))
+            credit = Counter(impression.teams[impression.results.index(doc)] for doc in record.clicked)
+            outcome = -1 if not record.clicked else 0 if credit[a] > credit[b] else 1 if credit[b] > credit[a] else 2
+            if outcome == record.interleaving_outcome:
+                continue
+            field = f"il\x1f{impression.experiment}\x1f{a}\x1f{b}"
+            ps = self.partitions[k.partition]
+            with self.lock:
+                counts = ps.ab.setdefault(field, np.zeros(3))
+                if record.interleaving_outcome >= 0:
+                    counts[record.interleaving_outcome] -= 1
+                if outcome >= 0:
+                    counts[outcome] += 1
+            ps.dirty_ab.add(field)
+            record.interleaving_outcome = outcome
 
     def _checkpoints(self, advanced: dict[int, dict[str, int]], touched: dict[_Touched, QueryRecord],
                      expired: dict[int, list[str]], dirty_buckets: dict[int, set[BucketKey]],
@@ -599,10 +629,12 @@ class Pipeline:
         """One look at the experiment, over every partition's stored arm sums (the
         statistics are global: serve runs this on the replica that holds partition 0).
         Keeps the result for the exporter in `ab_result`; with `save`, stores what the
-        running statistics keep, and a line of history once a minute."""
+        running statistics keep, and a line of history once a minute. Interleaving
+        experiments are looked at too (`interleaving_result`)."""
+        stored = self.store.load_ab(self.store.partitions())
+        self._look_at_interleaving(stored, save)
         if not self.baseline:
             return None
-        stored = self.store.load_ab(self.store.partitions())
         prefix = f"{self.baseline}@"
         starts = {int(f.split("\x1f", 1)[0][len(prefix):]) for fields in stored.values() for f in fields
                   if f.startswith(prefix)}
@@ -613,7 +645,7 @@ class Pipeline:
         vectors: dict[tuple[str, str], np.ndarray] = {}
         for fields in stored.values():
             for field, data in fields.items():
-                name, ranker, segment = field.split("\x1f")
+                name, ranker, segment = field.split("\x1f", 2)
                 vector = np.frombuffer(data)
                 if name != experiment or len(vector) != self.ab_size:
                     continue  # another experiment, or a replica still on another configuration
@@ -628,6 +660,21 @@ class Pipeline:
                 self._last_history_ms = now_ms
         self.ab_result = result
         return result
+
+    def _look_at_interleaving(self, stored: Mapping[int, Mapping[str, bytes]], save: bool) -> None:
+        vectors: dict[tuple[str, str, str], np.ndarray] = {}
+        for fields in stored.values():
+            for field, data in fields.items():
+                if field.startswith("il\x1f"):
+                    _, experiment, a, b = field.split("\x1f")
+                    vectors[(experiment, a, b)] = vectors.get((experiment, a, b), 0) + np.frombuffer(data)
+        if not vectors:
+            self.interleaving_result = []
+            return
+        running = self.store.load_running("interleaving")
+        self.interleaving_result, kept = interleaving_look(vectors, self.settings.ab, running)
+        if save:
+            self.store.save_running("interleaving", kept)
 
     def open_queries(self) -> int:
         return sum(ps.open_queries for ps in list(self.partitions.values()))

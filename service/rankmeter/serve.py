@@ -14,7 +14,7 @@ from collections.abc import Callable
 from rankmeter.config import Settings
 from rankmeter.exporter import Exporter, Health
 from rankmeter.pipeline import Pipeline
-from rankmeter.source import Record, Source
+from rankmeter.source import Record, Source, SourceUnavailable
 from rankmeter.store import Store
 
 log = logging.getLogger("rankmeter.serve")
@@ -22,7 +22,11 @@ log = logging.getLogger("rankmeter.serve")
 LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
 AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at
-RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store
+RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
+
+
+class _Stopped(Exception):
+    """Stopping while a batch waited for the broker: the batch is not stored (replayed on restart)."""
 
 
 def tune_gc() -> None:
@@ -56,7 +60,21 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     k = settings.kafka
 
     def dead_letter(record: Record, reason: str) -> None:
-        source.produce(k.dead_letter_topic, record.key, record.value, dead_letter_headers(record, reason))
+        # The producer buffers while the broker is away; when it cannot take more, the batch
+        # waits here (alive, not ready) rather than fail: nothing of it is stored yet.
+        delay = RECOVERY_BACKOFF_S[0]
+        while True:
+            try:
+                source.produce(k.dead_letter_topic, record.key, record.value, dead_letter_headers(record, reason))
+                return
+            except SourceUnavailable as e:
+                health.source_problem = f"Kafka unavailable: {e}"
+                log.warning("the dead-letter topic cannot take a message; retrying",
+                            extra={"error": str(e), "retry_in_s": delay})
+            health.beat()
+            if stop.wait(delay):
+                raise _Stopped
+            delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
 
     pipeline = Pipeline(settings, store, dead_letter, clock=clock)
     unavailable = store.unavailable
@@ -95,6 +113,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
+            _watch_source(source, health)
             if records:
                 started = time.perf_counter()
                 try:
@@ -106,6 +125,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                               extra={"error": type(e).__name__})
                     health.store_problem = f"state store unavailable: {type(e).__name__}"
                     continue
+                except _Stopped:
+                    break
                 except Exception:
                     # Memory may now be ahead of the store: only a restart, which resumes from
                     # the stored state and offsets, is safe.
@@ -147,12 +168,22 @@ def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], 
     """The experiment's statistics are global (every partition's sums): the replica that
     holds partition 0 computes and exports them, the others export none."""
     if 0 not in pipeline.partitions:
-        pipeline.ab_result = None
+        pipeline.ab_result, pipeline.interleaving_result = None, []
         return
     try:
         pipeline.ab_look()
     except unavailable:
         pass  # the next batch meets the store's failure and recovers
+
+
+def _watch_source(source: Source, health: Health) -> None:
+    """Not ready while the broker is out of reach; the client reconnects by itself."""
+    problem = source.problem()
+    if problem and not health.source_problem:
+        log.warning("Kafka is out of reach: not ready until it answers", extra={"reason": problem})
+    elif health.source_problem and not problem:
+        log.info("Kafka answers again")
+    health.source_problem = problem or health.source_problem  # MUTATION
 
 
 def _lost_problem(pipeline: Pipeline) -> str:

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.stats import (DEFAULT_TAU2, Estimate, Running, mean_difference, msprt, ratio_difference,
-                                srm_p_value, update)
+from rankmeter.ab.stats import (DEFAULT_TAU2, INTERLEAVING_TAU2, Estimate, Running, mean_difference, msprt,
+                                preference, ratio_difference, srm_p_value, update)
 from rankmeter.config import AB
 from rankmeter.windows import Layout
 
@@ -89,6 +89,34 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
             srm[segment] = p
     views = [ArmView(r, s, a.queries, a.judged) for (r, s), a in sorted(arms.items())]
     return Look(experiment, baseline, views, comparisons, srm), kept
+
+
+class Preference(NamedTuple):
+    """A team-draft interleaving experiment between two rankers (teams)."""
+    experiment: str
+    team_a: str
+    team_b: str
+    wins_a: float
+    wins_b: float
+    ties: float
+    estimate: Estimate        # Δ = (wins_A − wins_B) / (wins + ties); None before min_queries
+    running: Running | None   # always-valid p and confidence sequence for Δ
+
+
+def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settings: AB,
+                      running: Mapping[str, str]) -> tuple[list[Preference], dict[str, str]]:
+    """`vectors`: (experiment, team A, team B) -> [wins A, wins B, ties] over every
+    partition (queries with a click; a tie when both teams' clicks are equal)."""
+    out, kept = [], {}
+    for (experiment, a, b), (wins_a, wins_b, ties) in sorted((k, v.tolist()) for k, v in vectors.items()):
+        estimate = preference(wins_a, wins_b, ties)
+        now = None
+        if wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
+            key = "\x1f".join(("interleaving", experiment, a, b))
+            now = update(_decode(running.get(key)), msprt(estimate, INTERLEAVING_TAU2, settings.alpha))
+            kept[key] = _encode(now)
+        out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now))
+    return out, kept
 
 
 def _encode(r: Running) -> str:
