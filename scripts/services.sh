@@ -11,6 +11,10 @@
 #   scripts/services.sh cluster-down  stop it (`down` stops it too)
 #   scripts/services.sh cluster-env   print the RANKMETER_REDIS_* settings for the cluster
 #   scripts/services.sh cluster-status  exit 0 when the cluster answers with cluster_state:ok
+#   scripts/services.sh kafka-alt-up DIR PORT [CONTROLLER_PORT]  a private single-node broker
+#       in DIR (for tests that stop it), print its bootstrap; `down` never touches it
+#   scripts/services.sh kafka-alt-stop DIR   SIGTERM it, keeping its data
+#   scripts/services.sh kafka-alt-start DIR  start it again on the same data and ports, wait
 #
 # Ports are fixed and non-standard so they do not collide with a developer's own servers;
 # override with RANKMETER_HARNESS_{KAFKA,REDIS,PROMETHEUS}_PORT. The cluster's masters listen
@@ -58,7 +62,8 @@ install() {
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-kafka_answers() { (exec 3<>/dev/tcp/$HOST/$KAFKA_PORT) 2>/dev/null && grep -q "Kafka Server started" "$STATE/kafka/kafka.log" 2>/dev/null; }
+kafka_answers() { kafka_answers_in "$STATE/kafka" "$KAFKA_PORT"; }
+kafka_answers_in() { (exec 3<>/dev/tcp/$HOST/$2) 2>/dev/null && grep -q "Kafka Server started" "$1/kafka.log" 2>/dev/null; }
 redis_answers() { [ "$(redis-cli -h $HOST -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
 prometheus_answers() { curl -sf "http://$HOST:$PROMETHEUS_PORT/-/ready" >/dev/null 2>&1; }
 
@@ -70,8 +75,10 @@ wait_for() { # name check-function seconds
     done
 }
 
-start_kafka() {
-    local dir=$STATE/kafka
+start_kafka() { start_kafka_in "$STATE/kafka" "$KAFKA_PORT" "$CONTROLLER_PORT"; }
+
+start_kafka_in() { # dir port controller-port
+    local dir=$1 KAFKA_PORT=$2 CONTROLLER_PORT=$3
     if pid_alive "$dir/pid"; then return; fi
     mkdir -p "$dir"
     cat > "$dir/server.properties" <<EOF
@@ -151,8 +158,10 @@ up() {
     print_env
 }
 
-stop_one() {
-    local name=$1 pidfile=$STATE/$1/pid
+stop_one() { stop_pidfile "$1" "$STATE/$1/pid"; }
+
+stop_pidfile() { # name pidfile
+    local name=$1 pidfile=$2
     pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
     local pid; pid=$(cat "$pidfile")
     kill "$pid"
@@ -229,6 +238,30 @@ cluster_down() {
     rm -rf "$STATE/redis-cluster"
 }
 
+# A private broker (tests that stop and restart Kafka must not touch the shared one). Its
+# ports are kept in DIR/ports so that kafka-alt-start brings it back where it was.
+kafka_alt_up() {
+    local dir=${1:?usage: kafka-alt-up DIR PORT [CONTROLLER_PORT]} port=${2:?usage: kafka-alt-up DIR PORT [CONTROLLER_PORT]}
+    [ -f "$JARS/.complete" ] || install
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    echo "$port ${3:-$((port + 1))}" > "$dir/ports"
+    kafka_alt_start "$dir"
+    echo "RANKMETER_KAFKA_BOOTSTRAP_SERVERS=$HOST:$port"
+}
+
+kafka_alt_start() {
+    local dir=${1:?usage: kafka-alt-start DIR} port controller
+    [ -f "$dir/ports" ] || die "no private broker in $dir (kafka-alt-up first)"
+    dir=$(cd "$dir" && pwd)
+    read -r port controller < "$dir/ports"
+    start_kafka_in "$dir" "$port" "$controller"
+    alt_answers() { kafka_answers_in "$dir" "$port"; }
+    wait_for "kafka ($dir)" alt_answers 120
+}
+
+kafka_alt_stop() { stop_pidfile "kafka ($1)" "${1:?usage: kafka-alt-stop DIR}/pid"; }
+
 case "${1:-}" in
     install) install ;;
     up) up ;;
@@ -239,5 +272,8 @@ case "${1:-}" in
     cluster-down) cluster_down ;;
     cluster-env) print_cluster_env ;;
     cluster-status) cluster_ok ;;
-    *) echo "usage: $0 install|up|down|status|env|cluster-up|cluster-down|cluster-env|cluster-status" >&2; exit 2 ;;
+    kafka-alt-up) kafka_alt_up "${@:2}" ;;
+    kafka-alt-start) kafka_alt_start "${@:2}" ;;
+    kafka-alt-stop) kafka_alt_stop "${@:2}" ;;
+    *) echo "usage: $0 install|up|down|status|env|cluster-up|cluster-down|cluster-env|cluster-status|kafka-alt-up|kafka-alt-start|kafka-alt-stop" >&2; exit 2 ;;
 esac

@@ -4,6 +4,10 @@ producer for the dead-letter topic.
 Offsets are resumed from the store, not from Kafka: the store keeps them atomically
 with the state they produced. Kafka's committed offsets are still written after each
 batch, so the usual lag tooling works.
+
+While the broker is away the client reconnects by itself: polls return nothing, commits
+fail (harmless: offsets resume from the store), the dead-letter producer buffers, and
+`problem()` says so once the group coordinator has been out of reach for a few seconds.
 """
 
 from __future__ import annotations
@@ -16,13 +20,20 @@ from typing import Any
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
+from kafka.errors import KafkaConfigurationError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
-from rankmeter.source import OnAssign, OnRevoke, Record
+from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
 
 log = logging.getLogger("rankmeter.kafka")
+
+# The coordinator is looked up again after any disconnection (a rebalance, a broker's
+# restart): only this long without one counts as the broker being away.
+COORDINATOR_GRACE_S = 5.0
+# How long a dead-letter send may block (producer buffer full, topic metadata unknown)
+# before the caller is told to retry; kafka-python's default, 60 s, would starve /healthz.
+PRODUCE_BLOCK_MS = 5000
 
 
 class TopicMismatch(Exception):
@@ -59,7 +70,10 @@ class KafkaSource:
             partition_assignment_strategy=[RangePartitionAssignor],
             max_poll_records=settings.max_poll_records,
             **common, **only(KafkaConsumer.DEFAULT_CONFIG))
-        self.producer = KafkaProducer(acks="all", linger_ms=20, **common, **only(KafkaProducer.DEFAULT_CONFIG))
+        self.producer = KafkaProducer(**{"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS,
+                                         **common, **only(KafkaProducer.DEFAULT_CONFIG)})
+        self._bootstrap = settings.bootstrap_servers
+        self._no_coordinator_since: float | None = None
         # The group's committed offsets are read while the consumer's rebalance callback
         # runs on its IO thread, where the consumer itself cannot block: a second client,
         # which never joins the group, asks for them.
@@ -124,17 +138,56 @@ class KafkaSource:
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
-        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except KafkaError as e:
+            if not e.retriable:
+                raise
+            # The broker went away under this poll (a connection error escapes the coordinator
+            # lookup): the client reconnects by itself and problem() reports it. A poll's
+            # worth of waiting, so that the loop does not spin.
+            log.debug("poll failed; the client reconnects", extra={"error": type(e).__name__})
+            time.sleep(timeout_ms / 1000)
+            return []
         return [r for records in batches.values() for r in records]
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
-        if offsets:
+        if not offsets:
+            return
+        try:
             self.consumer.commit_async({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
                                         for (t, p), o in offsets.items()})
+        except KafkaError as e:
+            # For lag tooling only: the next batch's commit carries these offsets too.
+            log.debug("commit to Kafka failed", extra={"error": type(e).__name__})
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        self.producer.send(topic, key=key, value=value, headers=headers)
+        try:
+            self.producer.send(topic, key=key, value=value, headers=headers)
+        except KafkaTimeoutError as e:  # buffer full, or no metadata for the topic, for max_block_ms
+            raise SourceUnavailable(f"cannot produce to {topic!r}: {e}") from None
+
+    def problem(self) -> str:
+        if self._coordinator_known():
+            self._no_coordinator_since = None
+            return ""
+        now = time.monotonic()
+        if self._no_coordinator_since is None:
+            self._no_coordinator_since = now
+        away = now - self._no_coordinator_since
+        if away < COORDINATOR_GRACE_S:
+            return ""
+        return (f"Kafka unavailable: no connection to the group coordinator for {away:.0f} s "
+                f"(bootstrap {self._bootstrap}); reconnecting")
+
+    def _coordinator_known(self) -> bool:
+        # kafka-python 3.0 has no public "connected" API (bootstrap_connected() only covers
+        # the bootstrap phase; metrics() counts connections still being attempted). The
+        # group coordinator's own check is cheap and local: it forgets the coordinator once
+        # that node's connection is down and waiting out its reconnect backoff, and learns it
+        # again only from a broker's answer.
+        return not self.consumer._coordinator.coordinator_unknown()
 
     def lag(self) -> dict[tuple[str, int], int]:
         lags = {}

@@ -183,7 +183,7 @@ def _watch_source(source: Source, health: Health) -> None:
         log.warning("Kafka is out of reach: not ready until it answers", extra={"reason": problem})
     elif health.source_problem and not problem:
         log.info("Kafka answers again")
-    health.source_problem = problem or health.source_problem  # MUTATION
+    health.source_problem = problem
 
 
 def _lost_problem(pipeline: Pipeline) -> str:

@@ -27,6 +27,11 @@ OnAssign = Callable[[list[int]], dict[tuple[str, int], int]]
 OnRevoke = Callable[[list[int]], None]
 
 
+class SourceUnavailable(Exception):
+    """The broker cannot take a message now (the producer's buffer is full, or the topic's
+    metadata cannot be had): the caller waits and tries again."""
+
+
 class Source(Protocol):
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None: ...
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]: ...
@@ -41,7 +46,10 @@ class Source(Protocol):
     def rejoin(self) -> None:
         """Leave the group and join again (after being fenced): a fresh assignment."""
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> None: ...
+                headers: list[tuple[str, bytes]]) -> None:
+        """Raises SourceUnavailable when the message cannot be taken now."""
+    def problem(self) -> str:
+        """Why the broker is out of reach (for /readyz), or "" while it answers."""
     def lag(self) -> dict[tuple[str, int], int]: ...
     def close(self) -> None: ...
 
@@ -114,6 +122,9 @@ class Bus:
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
         self.send(topic, key, value, headers)
+
+    def problem(self) -> str:
+        return ""
 
     def lag(self) -> dict[tuple[str, int], int]:
         with self._lock:
