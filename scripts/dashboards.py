@@ -4,8 +4,9 @@
 
 Three dashboards — overview, A/B, operations — share the template variables and the
 rule that every quality query sums numerators and denominators before dividing, so
-several replicas (and segments) combine exactly. tests/test_dashboards.py checks the
-files are up to date; tests/integration/test_dashboards.py runs every panel's query
+several replicas (and segments) combine exactly; the A/B dashboard shows the always-valid
+statistics the service exports for the configured experiment (rankmeter_ab_*), with no
+fixed-horizon test computed in PromQL. tests/test_deploy.py checks the files are up to date; tests/integration/test_dashboards.py runs every panel's query
 against a real Prometheus scraping a real `rankmeter serve`.
 """
 
@@ -52,6 +53,17 @@ def variables(*names: str) -> dict:
         "baseline": _query_var("baseline", "label_values(rankmeter_quality, ranker)", label="Baseline ranker"),
         "challenger": _query_var("challenger", "label_values(rankmeter_quality, ranker)", label="Ranker"),
         "metric": _query_var("metric", "label_values(rankmeter_quality, metric)"),
+        # The A/B board lists what the experiment exports (rankmeter_ab_*), not every ranker.
+        "ab_baseline": _query_var("baseline", "label_values(rankmeter_ab_queries, baseline)", label="Baseline ranker"),
+        "ab_challenger": _query_var("challenger", 'label_values(rankmeter_ab_delta{baseline="$baseline"}, ranker)',
+                                    multi=True, label="Treatment"),
+        "ab_segment": _query_var("segment", 'label_values(rankmeter_ab_queries{baseline="$baseline"}, segment)',
+                                 multi=True),
+        "ab_metric": _query_var("metric", 'label_values(rankmeter_ab_delta{baseline="$baseline"}, metric)',
+                                multi=True, label="Measure"),
+        "ab_average": {"name": "average", "label": "Average", "type": "custom", "query": "macro,micro",
+                       "current": {"text": "macro", "value": "macro"},
+                       "options": [{"text": a, "value": a, "selected": a == "macro"} for a in ("macro", "micro")]},
         "window": {"name": "window", "label": "Window", "type": "custom", "query": "5m,1h,24h",
                    "current": {"text": "1h", "value": "1h"},
                    "options": [{"text": w, "value": w, "selected": w == "1h"} for w in ("5m", "1h", "24h")]},
@@ -118,38 +130,93 @@ def overview() -> dict:
 
 
 def ab() -> dict:
-    def mean(ranker: str) -> str:
-        return ratio("metric", '=~"$metric"', ranker=f'="{ranker}"')
+    """The always-valid statistics `rankmeter serve` exports for the configured experiment
+    (rankmeter_ab_*): nothing here is a fixed-horizon test, so the board may be watched
+    continuously. One replica exports them (the one holding partition 0); `max by` keeps a
+    scrape during a handover from showing the same series twice."""
+    def ab_series(name: str, by: str, **matchers: str) -> str:
+        labels = {"baseline": '="$baseline"', **matchers}
+        return f"max by ({by}) (rankmeter_{name}{{{', '.join(f'{k}{v}' for k, v in labels.items())}}})"
 
-    def variance_over_n(ranker: str) -> str:
-        """Var(value) / n = (Σv²/n − mean²) / n: the squared standard error of the mean."""
-        matchers = {"metric": '=~"$metric"', "ranker": f'="{ranker}"'}
-        n = f"sum by (metric) (rankmeter_quality_denominator{{{selector(**matchers)}}})"
-        total = f"sum by (metric) (rankmeter_quality_numerator{{{selector(**matchers)}}})"
-        squares = f"sum by (metric) (rankmeter_quality_squares{{{selector(**matchers, average='')}}})"
-        return f"(({squares} / {n} - ({total} / {n}) ^ 2) / {n})"
-
-    delta = f"({mean('$challenger')})\n- ({mean('$baseline')})"
-    half_width = f"1.96 * sqrt({variance_over_n('$challenger')} + {variance_over_n('$baseline')})"
+    comparison = {"ranker": '=~"$challenger"', "segment": '=~"$segment"', "average": '="$average"'}
+    arms = {"ranker": '=~"$baseline|$challenger"', "segment": '=~"$segment"'}
+    band = [(ab_series(name, "metric, ranker, segment", metric='=~"$metric"', **comparison),
+             f"{{{{ranker}}}} {{{{segment}}}} {{{{metric}}}} {legend}")
+            for name, legend in (("ab_delta", "Δ"), ("ab_ci_lower", "lower"), ("ab_ci_upper", "upper"))]
+    dashed = {"matcher": {"id": "byRegexp", "options": ".* (lower|upper)$"},
+              "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                             {"id": "custom.lineWidth", "value": 1}]}
+    zero_line = {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "text", "value": 0}]}
+    alpha_line = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "transparent", "value": 0.05}]}
+    srm_steps = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 0.05}]}
+    how_to_read = (
+        "### How to read this experiment\n\n"
+        "Every impression of each arm counts from the moment the experiment started; the statistics are "
+        "**cumulative** and **always valid** (mSPRT, α = 0.05): the p-value and the confidence sequence stay "
+        "correct however often you look, so watching this board continuously and stopping as soon as it is "
+        "decided is fine. They appear once each arm has `ab.min_queries` queries.\n\n"
+        "1. **Sample ratio first.** While the SRM p-value is below α (red), the arms are not the split you "
+        "configured: the experiment is **invalid**, whatever the other panels say.\n"
+        "2. **Δ = treatment − baseline**, with its 95% confidence sequence (dashed). Entirely above 0: the "
+        "treatment is higher; entirely below: lower; across 0: not decided yet, wait for more queries.\n"
+        "3. **Direction:** higher is better for nDCG@10, P@10, AP, RR, R@10, CTR and Clicks; **lower is better "
+        "for Abandonment and FirstClickRank** (an increase there is a regression).\n"
+        "4. **Always-valid p-value** below the α line: the difference is significant (it is a running minimum, "
+        "so it never goes back up).\n"
+        "5. **Judged share per arm:** quality measures count a query with no relevant document as 0; a gap in "
+        "judged share between arms is part of the effect, not noise.\n\n"
+        "How to set up and run an experiment: the README's section *Running an A/B experiment*.")
     return dashboard(
         "rankmeter-ab", "rankmeter — A/B",
-        "A ranker against a baseline: the difference of each measure's mean (macro) and its 95% "
-        "confidence interval (Welch, from the exported sums of values and of squared values).",
+        "The configured A/B experiment (ab.baseline against every other ranker): always-valid deltas with their "
+        "confidence sequences, p-values, arm sizes, judged shares and the sample-ratio check. Safe to watch "
+        "continuously.",
         [
-            panel("Difference: $challenger − $baseline", [(delta, "{{metric}} Δ"),
-                                                          (f"{delta}\n- {half_width}", "{{metric}} lower 95%"),
-                                                          (f"{delta}\n+ {half_width}", "{{metric}} upper 95%")],
-                  0, 0, 24, 9, unit="percentunit",
-                  description="Above 0: the ranker is better than the baseline. The band is the 95% interval."),
-            panel("$challenger and $baseline", [(mean("$challenger"), "$challenger {{metric}}"),
-                                                (mean("$baseline"), "$baseline {{metric}}")],
-                  0, 9, unit="percentunit"),
-            panel("Queries per ranker (traffic split)",
-                  [('sum by (ranker) (rankmeter_queries{ranker=~"$challenger|$baseline", window="$window", population="all"})',
-                    "{{ranker}}")], 12, 9, unit="short",
-                  description="A split far from the intended one (sample ratio mismatch) makes the comparison suspect."),
+            panel("How to read this board", [], 0, 0, 24, 9, kind="text",
+                  options={"mode": "markdown", "content": how_to_read}),
+            panel("Sample ratio mismatch (SRM): experiment invalid while below α = 0.05",
+                  [(ab_series("ab_srm_p_value", "segment", segment='=~"$segment"'), "SRM p {{segment}}")],
+                  0, 9, 8, 7, kind="stat",
+                  description="Always-valid p-value of the arms' query counts against ab.split (sequential "
+                              "multinomial test, running minimum). Red (below α): the traffic split is not the "
+                              "configured one, and the experiment cannot be trusted until the cause is fixed and it "
+                              "is restarted.",
+                  fieldConfig={"defaults": {"unit": "none", "decimals": 4, "min": 0, "max": 1,
+                                            "thresholds": srm_steps, "color": {"mode": "thresholds"}},
+                               "overrides": []},
+                  options={"colorMode": "background", "graphMode": "area", "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
+            panel("Queries per arm since the experiment started",
+                  [(ab_series("ab_queries", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 8, 9, 8, 7,
+                  unit="short", description="Cumulative, from the experiment's start: the arm sizes behind every "
+                                            "statistic (none is shown before each arm has ab.min_queries)."),
+            panel("Judged share per arm",
+                  [(ab_series("ab_judged_share", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 16, 9, 8, 7,
+                  unit="percentunit", description="Share of each arm's queries with a relevant document known. "
+                                                  "Unjudged queries count 0 in the A/B quality measures."),
+            panel("$metric: Δ ($challenger − $baseline) with its always-valid 95% confidence sequence", band,
+                  0, 16, 12, 9, repeat="metric", repeatDirection="h", maxPerRow=2,
+                  description="Treatment minus baseline, cumulative since the start; dashed: the confidence sequence "
+                              "(valid at every look). Above 0 = treatment higher; lower is better for Abandonment "
+                              "and FirstClickRank.",
+                  fieldConfig={"defaults": {"unit": "none", "decimals": 4, "thresholds": zero_line,
+                                            "custom": {"thresholdsStyle": {"mode": "line"}}},
+                               "overrides": [dashed]}),
+            panel("Always-valid p-value per treatment and measure (α = 0.05 line)",
+                  [(ab_series("ab_p_value", "metric, ranker, segment", metric='=~"$metric"', **comparison),
+                    "{{ranker}} {{segment}} {{metric}}")], 0, 25, 24, 9,
+                  description="mSPRT p-value for Δ ≠ 0, a running minimum: below the red line the difference is "
+                              "significant, and it stays valid however often it is read. Read the direction from Δ.",
+                  fieldConfig={"defaults": {"unit": "none", "max": 1, "thresholds": alpha_line,
+                                            "custom": {"thresholdsStyle": {"mode": "line+area"},
+                                                       "scaleDistribution": {"type": "log", "log": 10}}},
+                               "overrides": []}),
+            panel("Relative Δ per treatment and measure",
+                  [(ab_series("ab_relative_delta", "metric, ranker, segment", metric='=~"$metric"', **comparison),
+                    "{{ranker}} {{segment}} {{metric}}")], 0, 34, 24, 8, unit="percentunit",
+                  description="Δ relative to the baseline's value (lower is better for Abandonment and "
+                              "FirstClickRank)."),
         ],
-        variables("datasource", "baseline", "challenger", "metric", "window"))
+        variables("datasource", "ab_baseline", "ab_challenger", "ab_segment", "ab_metric", "ab_average"))
 
 
 def operations() -> dict:

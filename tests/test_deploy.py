@@ -147,7 +147,7 @@ def test_dashboards_are_generated_and_well_formed():
         ids = [p["id"] for p in board["panels"]]
         assert len(ids) == len(set(ids))
         for panel in board["panels"]:
-            assert panel["targets"], (name, panel["title"])
+            assert panel["targets"] or panel["type"] == "text", (name, panel["title"])
             for target in panel["targets"]:
                 used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
                 assert used <= variables, (name, panel["title"], used - variables)
@@ -164,3 +164,14 @@ def test_quality_panels_divide_sums_so_replicas_combine():
                 if "rankmeter_quality_numerator" in expr:
                     assert "sum by" in expr and "rankmeter_quality_denominator" in expr, (name, panel["title"])
                 assert "rankmeter_quality{" not in expr, "averaging per-replica values is not exact"
+
+
+def test_ab_dashboard_reads_the_always_valid_statistics():
+    """No fixed-horizon interval computed in PromQL (it is wrong under continuous
+    monitoring): every A/B panel reads the series the service exports."""
+    board = dashboards()["rankmeter-ab"]
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    assert not any("rankmeter_quality" in e or "1.96" in e for e in exprs)
+    for name in ("delta", "ci_lower", "ci_upper", "p_value", "queries", "judged_share", "srm_p_value"):
+        assert any(f"rankmeter_ab_{name}{{" in e for e in exprs), name
+    assert any(p["type"] == "text" for p in board["panels"])

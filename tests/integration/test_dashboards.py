@@ -24,7 +24,11 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 # What a person would pick in the dashboards' variables; `$ranker` is "All".
 VARIABLES = {"ranker": ".*", "window": "1h", "metric": "nDCG@10", "baseline": "bm25-tuned",
-             "challenger": "bm25-degraded", "__rate_interval": "30s"}
+             "challenger": "bm25-degraded", "segment": ".*", "average": "macro", "__rate_interval": "30s"}
+# An experiment for the A/B dashboard: the simulator's two rankers, 50/50; statistics from
+# 50 queries an arm so that they exist within the test's 15 seconds of traffic.
+EXPERIMENT = {"RANKMETER_AB_BASELINE": "bm25-tuned", "RANKMETER_AB_SPLIT": "bm25-tuned=0.5,bm25-degraded=0.5",
+              "RANKMETER_AB_MIN_QUERIES": "50"}
 
 
 def substitute(expr: str) -> str:
@@ -81,7 +85,7 @@ def _ready(base: str) -> bool:
 def test_every_panel_query_parses_and_returns_data(kafka_bootstrap, redis_url, prometheus_for, tmp_path):
     topics = unique_topics(kafka_bootstrap)
     with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
-               log_path=tmp_path / "serve.log") as serve:
+               extra_env=EXPERIMENT, log_path=tmp_path / "serve.log") as serve:
         prometheus = prometheus_for(f"127.0.0.1:{serve.port}")
         env = {**os.environ, "RANKMETER_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
                "RANKMETER_KAFKA_IMPRESSIONS_TOPIC": topics.impressions,
@@ -93,6 +97,12 @@ def test_every_panel_query_parses_and_returns_data(kafka_bootstrap, redis_url, p
         assert sent["events"] > 3000
         serve.wait_for_events(sent["events"])
         time.sleep(3)  # a few more scrapes after the last event
+        # The service looks at the experiment every 5 s; wait until Prometheus has scraped every
+        # A/B series the dashboard draws (the SRM p-value last: it needs both arms' counts).
+        for name in ("rankmeter_ab_p_value", "rankmeter_ab_ci_upper", "rankmeter_ab_queries",
+                     "rankmeter_ab_judged_share", "rankmeter_ab_srm_p_value"):
+            wait_until(lambda name=name: api(prometheus, "/api/v1/query", query=name)["data"]["result"], 30,
+                       f"{name} to be scraped")
 
         for path in sorted((ROOT / "dashboards").glob("*.json")):
             board = json.loads(path.read_text())
