@@ -117,6 +117,19 @@ def _traffic_options(parser: argparse.ArgumentParser, rate: float) -> None:
     parser.add_argument("--seed", type=int, default=7, help="corpus and traffic seed (default 7)")
     parser.add_argument("--regression-at", type=float, metavar="SECONDS",
                         help="from this many seconds on, bm25-tuned degrades (to see alerts fire)")
+    parser.add_argument("--interleave", type=_ranker_pair, metavar="A,B",
+                        help="answer every query with a team-draft interleaving of rankers A and B "
+                             "(bm25-tuned, bm25-degraded), attributed as interleaving experiment A-vs-B")
+
+
+def _ranker_pair(text: str) -> tuple[str, str]:
+    from rankmeter.simulator.traffic import DEFAULT_RANKERS
+
+    names = tuple(n.strip() for n in text.split(","))
+    known = [r.name for r in DEFAULT_RANKERS]
+    if len(names) != 2 or names[0] == names[1] or any(n not in known for n in names):
+        raise argparse.ArgumentTypeError(f"two different rankers of {', '.join(known)}, e.g. {','.join(known)}")
+    return names[0], names[1]
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -222,7 +235,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.create_topics:
             create_topics(settings.kafka, args.create_topics)
         send = kafka_sender(settings)
-    simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at)
+    simulator = Simulator(seed=args.seed, split=args.split, regression_at=args.regression_at,
+                          interleave=args.interleave)
     duration = args.duration if args.duration is not None or args.count is not None else 60.0
     log = logging.getLogger("rankmeter.simulate")
     sent = simulator.run(send, args.rate, duration=duration, count=args.count,
@@ -249,7 +263,8 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         source, store, send = embedded(settings)
         mode = "embedded (in-process bus, in-memory store)"
-    demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed)
+    demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed,
+         interleave=args.interleave)
     return 0
 
 

@@ -57,7 +57,8 @@ def render(views: list[WindowView], window: str, header: str, baseline: str | No
 
 def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event], None], mode: str,
          rate: float, duration: float | None, regression_at: float | None, seed: int,
-         out: TextIO = sys.stdout, refresh_s: float = 1.0) -> dict[str, WindowView]:
+         out: TextIO = sys.stdout, refresh_s: float = 1.0,
+         interleave: tuple[str, str] | None = None) -> dict[str, WindowView]:
     """Run until `duration` (or Ctrl-C); returns the last views of the smallest window."""
     stop = threading.Event()
     started: dict = {}
@@ -76,7 +77,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[[Event
             raise RuntimeError("the pipeline did not start")
         time.sleep(0.05)
     pipeline: Pipeline = started["pipeline"]
-    simulator = Simulator(seed=seed, regression_at=regression_at)
+    simulator = Simulator(seed=seed, regression_at=regression_at, interleave=interleave)
     traffic = threading.Thread(target=simulator.run, args=(send, rate, duration), kwargs={"stop": stop.is_set},
                                daemon=True)
     traffic.start()

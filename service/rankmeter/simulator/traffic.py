@@ -6,6 +6,10 @@ disorder in delivery — the shape of a real event pipeline.
 Position-based model (Craswell et al., WSDM 2008; Chuklin et al., Click Models for Web
 Search, 2015): P(click at rank r) = P(examine r) · P(attractive | grade), with
 P(examine r) = 1 / r^0.9.
+
+With `interleave=(A, B)` every query is answered by a team-draft interleaving of A's and
+B's lists (Radlinski, Kurup & Joachims, CIKM 2008), carrying brief §2's
+`interleaving: {"experiment": "A-vs-B", "teams": [...]}`; the click model is the same.
 """
 
 from __future__ import annotations
@@ -31,6 +35,35 @@ TRUTH_MEASURES = ["nDCG@10", "P@10", "AP"]
 DEFAULT_RANKERS = (Ranker("bm25-tuned", k1=1.2, b=0.75),
                    Ranker("bm25-degraded", k1=0.3, b=0.1, noise=0.35))
 REGRESSED_NOISE = 1.5  # what --regression-at does to the first ranker
+
+
+def team_draft(a: list[str], b: list[str], k: int, rng: np.random.Generator) -> tuple[list[str], list[int]]:
+    """Team-draft interleaving of two rankings (Radlinski, Kurup & Joachims, CIKM 2008).
+
+    In each round a fair coin decides which team picks first; each team in turn adds its
+    highest-ranked document not yet in the list. Stops at `k` documents, or when a team
+    has nothing left to add (as the paper's algorithm does). Returns the list and the team
+    (0 for `a`, 1 for `b`) of each position: every prefix's team sizes differ by at most
+    one, each team's documents are in its ranker's order, no document appears twice.
+    """
+    lists = (a, b)
+    nexts = [0, 0]  # the first not-yet-examined rank of each list
+    shown: list[str] = []
+    teams: list[int] = []
+    seen: set[str] = set()
+    while len(shown) < k:
+        first = int(rng.random() < 0.5)
+        for team in (first, 1 - first):
+            ranking, i = lists[team], nexts[team]
+            while i < len(ranking) and ranking[i] in seen:
+                i += 1
+            nexts[team] = i
+            if i == len(ranking) or len(shown) == k:
+                return shown, teams
+            seen.add(ranking[i])
+            shown.append(ranking[i])
+            teams.append(team)
+    return shown, teams
 
 
 class Event(NamedTuple):
@@ -63,10 +96,20 @@ class Simulator:
     def __init__(self, seed: int = 7, rankers: tuple[Ranker, ...] = DEFAULT_RANKERS,
                  split: float = 0.5, regression_at: float | None = None,
                  judgment_share: float = 0.03, duplicate_share: float = 0.01,
-                 disorder: float = 0.05, corpus: Corpus | None = None) -> None:
+                 disorder: float = 0.05, corpus: Corpus | None = None,
+                 interleave: tuple[str, str] | None = None) -> None:
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
+        self.interleave: tuple[Ranker, Ranker] | None = None
+        if interleave is not None:
+            by_name = {r.name: r for r in self.rankers}
+            unknown = [n for n in interleave if n not in by_name]
+            if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
+                raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; "
+                                 f"got {','.join(interleave)}")
+            self.interleave = (by_name[interleave[0]], by_name[interleave[1]])
+            self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
         self.split = split
         self.regression_at = regression_at
         self.judgment_share = judgment_share
@@ -93,18 +136,30 @@ class Simulator:
         self._queries += 1
         qid = f"{self.run_id}-{self._queries}"
         query = self.corpus.sample_query(self.rng)
-        ranker = self.rankers[0] if self.rng.random() < self.split else self.rankers[1]
-        if self.regression_at is not None and elapsed_s >= self.regression_at and ranker is self.rankers[0]:
-            ranker = ranker._replace(noise=REGRESSED_NOISE)
-        results = self.index.search(query, ranker, 10, self.rng)
+        if self.interleave is not None:
+            a, b = (self._regressed(r, elapsed_s) for r in self.interleave)
+            lists = self.index.search(query, a, 10, self.rng), self.index.search(query, b, 10, self.rng)
+            results, team_of = team_draft(*lists, 10, self.rng)
+            name = self.experiment
+            extra = {"interleaving": {"experiment": name, "teams": [self.interleave[t].name for t in team_of]}}
+        else:
+            ranker = self._regressed(self.rankers[0] if self.rng.random() < self.split else self.rankers[1], elapsed_s)
+            results = self.index.search(query, ranker, 10, self.rng)
+            name, extra = ranker.name, {}
         grades = self.true_grades(query)
-        self.truth.add(ranker.name, QueryState.from_grades(results, grades, shown_grade=0))
-        impression = Event("impressions", qid, {"query_id": qid, "ranker": ranker.name, "timestamp": now_ms,
-                                                "results": results, "user_query": query.text})
+        self.truth.add(name, QueryState.from_grades(results, grades, shown_grade=0))
+        impression = Event("impressions", qid, {"query_id": qid, "ranker": name, "timestamp": now_ms,
+                                                "results": results, "user_query": query.text, **extra})
         feedback = list(self._feedback(qid, results, grades, now_ms))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
         return [impression] + feedback
+
+    def _regressed(self, ranker: Ranker, elapsed_s: float) -> Ranker:
+        """--regression-at: from then on the first ranker is degraded (as a team, too)."""
+        if self.regression_at is not None and elapsed_s >= self.regression_at and ranker is self.rankers[0]:
+            return ranker._replace(noise=REGRESSED_NOISE)
+        return ranker
 
     def _feedback(self, qid: str, results: list[str], grades: dict[str, int], now_ms: int) -> Iterator[Event]:
         t = now_ms
