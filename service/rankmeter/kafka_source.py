@@ -34,6 +34,9 @@ COORDINATOR_GRACE_S = 5.0
 # How long a dead-letter send may block (producer buffer full, topic metadata unknown)
 # before the caller is told to retry; kafka-python's default, 60 s, would starve /healthz.
 PRODUCE_BLOCK_MS = 5000
+# After a seek, how long before a partition's lag is reported (fetches renew its high
+# watermark several times a second).
+LAG_SETTLE_S = 2.0
 
 
 class TopicMismatch(Exception):
@@ -41,16 +44,22 @@ class TopicMismatch(Exception):
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, source: KafkaSource, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
-        self.source, self.on_assign, self.on_revoke = source, on_assign, on_revoke
+    """kafka-python 3 runs these on its IO thread, which also sends the heartbeats: they
+    must not block. Revocation only forgets memory; an assignment pauses the partitions
+    and leaves claiming them (Redis, the group's committed offsets) to the next poll."""
+
+    def __init__(self, source: KafkaSource, on_revoke: OnRevoke) -> None:
+        self.source, self.on_revoke = source, on_revoke
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.source._unclaimed = None
         if revoked:
             self.on_revoke(sorted({tp.partition for tp in revoked}))
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with an empty set too: a member without partitions has still joined.
-        self.source.seek(self.on_assign(sorted({tp.partition for tp in assigned})))
+        self.source.consumer.pause(*assigned)
+        self.source._unclaimed = sorted({tp.partition for tp in assigned})
 
 
 class KafkaSource:
@@ -74,11 +83,9 @@ class KafkaSource:
                                          **common, **only(KafkaProducer.DEFAULT_CONFIG)})
         self._bootstrap = settings.bootstrap_servers
         self._no_coordinator_since: float | None = None
-        # The group's committed offsets are read while the consumer's rebalance callback
-        # runs on its IO thread, where the consumer itself cannot block: a second client,
-        # which never joins the group, asks for them.
-        self._offsets = KafkaConsumer(group_id=settings.group_id, enable_auto_commit=False,
-                                      **common, **only(KafkaConsumer.DEFAULT_CONFIG))
+        self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
+        self._positions: dict[tuple[str, int], int] = {}  # next offset to read, for lag()
+        self._seeked_at: dict[tuple[str, int], float] = {}
 
     def check_topics(self, topics: Sequence[str], wait_s: float = 15.0) -> int:
         """Both topics exist with the same partition count (brief §2); returns it. Waits a
@@ -100,7 +107,8 @@ class KafkaSource:
         return next(iter(counts.values()))
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
-        self._subscription = (list(topics), _Listener(self, on_assign, on_revoke))
+        self._on_assign = on_assign
+        self._subscription = (list(topics), _Listener(self, on_revoke))
         self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
 
     def assigned(self) -> list[int]:
@@ -114,6 +122,8 @@ class KafkaSource:
                 refused.append(tp)
             else:
                 self.consumer.seek(tp, offset)
+                self._positions[(tp.topic, tp.partition)] = offset
+                self._seeked_at[(tp.topic, tp.partition)] = time.monotonic()
         self.consumer.resume(*[tp for tp in self.consumer.assignment() if tp not in refused])
         if refused:
             self.consumer.pause(*refused)
@@ -122,7 +132,7 @@ class KafkaSource:
         found = {}
         for topic in self._subscription[0]:
             for p in partitions:
-                offset = self._offsets.committed(TopicPartition(topic, p))
+                offset = self.consumer.committed(TopicPartition(topic, p))
                 if offset is not None:
                     found[(topic, p)] = offset
         return found
@@ -140,6 +150,14 @@ class KafkaSource:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         try:
             batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+            if self._unclaimed is not None:
+                # Partitions assigned during this poll: claimed now, off the IO thread, then
+                # resumed at the stored offsets. Whatever this poll read of them is dropped
+                # (the seek reads it again).
+                claimed = self._unclaimed
+                self.seek(self._on_assign(claimed))  # raising (the broker away): tried again next poll
+                self._unclaimed = None
+                batches = {tp: records for tp, records in batches.items() if tp.partition not in claimed}
         except KafkaError as e:
             if not e.retriable:
                 raise
@@ -149,7 +167,10 @@ class KafkaSource:
             log.debug("poll failed; the client reconnects", extra={"error": type(e).__name__})
             time.sleep(timeout_ms / 1000)
             return []
-        return [r for records in batches.values() for r in records]
+        records = [r for batch in batches.values() for r in batch]
+        for r in records:
+            self._positions[(r.topic, r.partition)] = r.offset + 1
+        return records
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         if not offsets:
@@ -190,18 +211,25 @@ class KafkaSource:
         return not self.consumer._coordinator.coordinator_unknown()
 
     def lag(self) -> dict[tuple[str, int], int]:
+        # From the high watermark the last fetch saw and the position this source tracks:
+        # consumer.position() may block on the network (after a seek, or with the broker away).
+        # Just after a seek the high watermark may be one seen before it (before an outage):
+        # such a partition's lag is unknown until fetches have had time to renew it.
         lags = {}
+        now = time.monotonic()
         for tp in self.consumer.assignment():
-            high = self.consumer.highwater(tp)
-            if high is not None:
-                lags[(tp.topic, tp.partition)] = max(high - self.consumer.position(tp), 0)
+            key = (tp.topic, tp.partition)
+            high, position = self.consumer.highwater(tp), self._positions.get(key)
+            if now - self._seeked_at.get(key, 0.0) < LAG_SETTLE_S:
+                continue
+            if high is not None and position is not None:
+                lags[(tp.topic, tp.partition)] = max(high - position, 0)
         return lags
 
     def close(self) -> None:
         self.producer.flush(timeout=10)
         self.producer.close(timeout=10)
         self.consumer.close(autocommit=False)
-        self._offsets.close(autocommit=False)
 
 
 def create_topics(settings: KafkaSettings, partitions: int) -> None:

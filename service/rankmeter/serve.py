@@ -79,7 +79,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     pipeline = Pipeline(settings, store, dead_letter, clock=clock)
     unavailable = store.unavailable
     lag: dict[tuple[str, int], int] = {}
-    exporter = Exporter(pipeline, health, lambda: dict(lag))
+    # Only partitions held now: the lag is sampled once a second, a rebalance at any time.
+    exporter = Exporter(pipeline, health, lambda: {tp: n for tp, n in lag.items() if tp[1] in pipeline.partitions})
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
 
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
