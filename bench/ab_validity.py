@@ -34,6 +34,7 @@ import time
 import numpy as np
 from scipy import stats
 
+from progress import Progress  # bench/, beside this script
 from rankmeter.ab import (
     DEFAULT_MIN_QUERIES,
     DEFAULT_TAU2,
@@ -52,17 +53,6 @@ P_ZERO, P_ONE = 0.35, 0.10          # nDCG@10-like: share of zeros and of ones
 MEAN = P_ONE + (1 - P_ZERO - P_ONE) * 0.5                      # 0.375
 SECOND = P_ONE + (1 - P_ZERO - P_ONE) * (0.05 + 0.25)          # E x², Beta(2,2): var 0.05
 REGRESSION = -0.02
-
-
-class Progress:
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.t0, self.last = label, total, time.monotonic(), 0.0
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= 3.0 or done == self.total:
-            self.last = now
-            print(f"  {self.label}: {done}/{self.total} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def ndcg_like(rng: np.random.Generator, size) -> np.ndarray:

@@ -61,6 +61,7 @@ from rankmeter.ab import (
 from rankmeter.engine import QueryState
 from rankmeter.simulator.bm25 import Ranker
 from rankmeter.simulator.traffic import ATTRACTIVE, DEFAULT_RANKERS, Simulator, TruthTally, team_draft
+from progress import Progress  # bench/, beside this script
 
 ALPHA = 0.05
 K = 10
@@ -68,17 +69,6 @@ EXAMINE = 1.0 / np.arange(1, K + 1) ** 0.9
 ATTRACT = np.array([ATTRACTIVE[g] for g in range(4)])
 DISCOUNT = 1.0 / np.log2(np.arange(2, K + 2))
 IDEAL = np.concatenate([[0.0], np.cumsum(DISCOUNT)])  # ideal DCG of c clicked documents
-
-
-class Progress:
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.t0, self.last = label, total, time.monotonic(), 0.0
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= 3.0 or done == self.total:
-            self.last = now
-            print(f"  {self.label}: {done}/{self.total} seeds ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 class World:
@@ -235,7 +225,7 @@ def main() -> int:
     for label, a, b in comparisons:
         truth = [world.true_ndcg(r, 3000, np.random.default_rng(args.seed)) for r in (a, b)]
         outcomes = {"interleaving": Outcome(), "A/B nDCG@10": Outcome(), "A/B CTR": Outcome()}
-        progress = Progress(f"{label} ({b.name})", args.seeds)
+        progress = Progress(f"{label} ({b.name})", args.seeds, unit="seeds")
         for s in range(args.seeds):
             il_rng, ab_rng = (np.random.default_rng([args.seed, s, i]) for i in (0, 1))
             n, wrong = interleaving_run(world, a, b, il_rng, args.batch, args.budget)

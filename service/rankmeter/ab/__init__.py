@@ -1,41 +1,4 @@
 """A/B experiment statistics (pure functions; see :mod:`rankmeter.ab.stats`)."""
 
-from .stats import (
-    DEFAULT_MIN_QUERIES,
-    DEFAULT_SRM_CONCENTRATION,
-    DEFAULT_TAU2,
-    Estimate,
-    INTERLEAVING_TAU2,
-    MeanSums,
-    RatioSums,
-    Running,
-    Sequential,
-    mean_difference,
-    msprt,
-    preference,
-    ratio_difference,
-    srm_log_bayes_factor,
-    srm_p_value,
-    srm_update,
-    update,
-)
-
-__all__ = [
-    "DEFAULT_MIN_QUERIES",
-    "DEFAULT_SRM_CONCENTRATION",
-    "DEFAULT_TAU2",
-    "Estimate",
-    "INTERLEAVING_TAU2",
-    "MeanSums",
-    "RatioSums",
-    "Running",
-    "Sequential",
-    "mean_difference",
-    "msprt",
-    "preference",
-    "ratio_difference",
-    "srm_log_bayes_factor",
-    "srm_p_value",
-    "srm_update",
-    "update",
-]
+from rankmeter.ab.stats import *  # noqa: F403 (the statistics are this package's interface)
+from rankmeter.ab.stats import __all__  # noqa: F401
