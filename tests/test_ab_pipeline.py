@@ -112,3 +112,44 @@ def test_no_statistic_before_each_arm_has_min_queries():
     feed(pipeline, bus, events)
     look = pipeline.ab_look()
     assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
+
+
+def test_feedback_never_enrols_a_query_only_impressions_from_the_start_on_do():
+    """Without ab.start the experiment starts with the first impression of another
+    ranker. Baseline impressions consumed before that are not enrolled, and a later click
+    does not enrol them either: that would pick the population by its outcome."""
+    settings = config.load(None, ENV)
+    store, bus = MemoryStore(), Bus(partitions=1)
+    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    results = [f"d{i}" for i in range(10)]
+    imp = lambda q, r, t: ("impressions", q, {"query_id": q, "ranker": r, "timestamp": t, "results": results})
+    clk = lambda q, t: ("feedback", q, {"query_id": q, "action": "click", "doc_id": "d0", "timestamp": t})
+    start = NOW_MS - 300_000
+    feed(pipeline, bus, [imp(f"early{i}", "base", start + 1000) for i in range(50)])
+    feed(pipeline, bus, [imp(f"new{i}", "new", start) for i in range(50)])
+    feed(pipeline, bus, [imp(f"late{i}", "base", start + 2000) for i in range(50)])
+    feed(pipeline, bus, [clk(f"early{i}", start + 3000) for i in range(10)] + [clk(f"late{i}", start + 3000) for i in range(5)])
+    arms = {a.ranker: a for a in pipeline.ab_look().arms}
+    assert (arms["base"].queries, arms["base"].judged) == (50, 5)
+    assert (arms["new"].queries, arms["new"].judged) == (50, 0)
+
+
+def test_a_configuration_change_starts_a_new_experiment():
+    start = NOW_MS - 600_000
+    before = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_EVALUATION_MEASURES": "P@10"})
+    after = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_EVALUATION_MEASURES": "P@1"})
+    events, _ = experiment_stream(3, 200, start + 120_000)   # every impression after the start
+    store, bus = MemoryStore(), Bus(partitions=1)
+    first = Pipeline(before, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([before.kafka.impressions_topic, before.kafka.feedback_topic], first.assign, first.revoke)
+    feed(first, bus, events[:300])
+    assert sum(a.queries for a in first.ab_look().arms) > 0
+    second = Pipeline(after, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([after.kafka.impressions_topic, after.kafka.feedback_topic], second.assign, second.revoke)
+    feed(second, bus, events[300:])
+    look = second.ab_look()
+    impressions_after = sum(1 for stream, _, _ in events[300:] if stream == "impressions")
+    assert sum(a.queries for a in look.arms) == impressions_after   # a new experiment: only these
+    assert look.experiment != first.ab_result.experiment and {c.metric for c in look.comparisons} <= {"P@1", *[
+        "CTR", "Abandonment", "Clicks", "FirstClickRank"]}

@@ -101,5 +101,8 @@ def test_an_impression_with_malformed_teams_is_dead_lettered():
     bus.send(IMPRESSIONS, b"q", json.dumps(impression("q", ["a", "b"], ["T"])).encode())
     bus.send(IMPRESSIONS, b"r", json.dumps({**impression("r", ["a", "b"], ["T", "T"])}).encode())
     pipeline.process(bus.poll(0, 10))
+    bus.send(IMPRESSIONS, b"s", json.dumps(impression("s", ["a", "a"], ["T", "D"])).encode())
+    pipeline.process(bus.poll(0, 10))
     assert letters == ["interleaving.teams has 1 entries for 2 results",
-                       "interleaving needs an experiment name and exactly two teams"]
+                       "interleaving needs an experiment name and exactly two teams",
+                       "interleaving: once repeated documents are dropped, one team is left"]

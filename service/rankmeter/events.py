@@ -292,8 +292,10 @@ def _interleaved(impression: Impression, shown: list[str], il: _Interleaving) ->
     first = {}
     for doc, team in zip(shown, il.teams):
         first.setdefault(doc, team)
-    return msgspec.structs.replace(impression, experiment=il.experiment,
-                                   teams=[first[doc] for doc in impression.results])
+    teams = [first[doc] for doc in impression.results]
+    if len(set(teams)) != 2:
+        return Rejected("invalid", "interleaving: once repeated documents are dropped, one team is left")
+    return msgspec.structs.replace(impression, experiment=il.experiment, teams=teams)
 
 
 def _never_raising(decode, value: bytes | None, now_ms: int):

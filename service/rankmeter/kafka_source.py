@@ -37,6 +37,7 @@ PRODUCE_BLOCK_MS = 5000
 # After a seek, how long before a partition's lag is reported (fetches renew its high
 # watermark several times a second).
 LAG_SETTLE_S = 2.0
+COMMITTED_TIMEOUT_MS = 5000  # asking the group coordinator for committed offsets
 
 
 class TopicMismatch(Exception):
@@ -132,7 +133,8 @@ class KafkaSource:
         found = {}
         for topic in self._subscription[0]:
             for p in partitions:
-                offset = self.consumer.committed(TopicPartition(topic, p))
+                # Bounded: with the broker away this raises (retriable), and the claim is tried again.
+                offset = self.consumer.committed(TopicPartition(topic, p), timeout_ms=COMMITTED_TIMEOUT_MS)
                 if offset is not None:
                     found[(topic, p)] = offset
         return found

@@ -151,6 +151,7 @@ class Pipeline:
         self.ab_result: Look | None = None
         self.interleaving_result: list[Preference] = []
         self._last_history_ms = 0
+        self._start_asked_ms = 0
 
     # ---- assignment ----
 
@@ -189,7 +190,9 @@ class Pipeline:
             state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
             stored = self._layouts.get(snapshot.layout) if snapshot.layout else self.layout
             state.buckets = self._load_buckets(p, snapshot.buckets, stored, state)
-            state.ab = self._load_ab(snapshot.ab, stored)
+            # Experiment sums as stored: an A/B experiment's name includes its layout, and
+            # interleaving counts are the same in every layout.
+            state.ab = {field: np.frombuffer(data).copy() for field, data in snapshot.ab.items()}
             if not state.history or state.history[-1] != self.layout.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.
@@ -229,17 +232,6 @@ class Pipeline:
             buckets[BucketKey.decode(field)] = vector.copy() if old is self.layout else self.layout.convert(vector, old)
         return buckets
 
-    def _load_ab(self, stored: dict[str, bytes], old: Layout | None) -> dict[str, np.ndarray]:
-        if old is None:
-            return {}
-        sums = {}
-        for field, data in stored.items():
-            vector = np.frombuffer(data, dtype=np.float64)
-            if field.startswith("il\x1f"):
-                sums[field] = vector.copy()  # interleaving counts: the same in every layout
-            elif len(vector) == ab_sums.size(old):
-                sums[field] = vector.copy() if old is self.layout else ab_sums.convert(vector, self.layout, old)
-        return sums
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Every batch is persisted when `process` returns: forgetting is enough."""
@@ -247,6 +239,8 @@ class Pipeline:
         with self.lock:
             for p in partitions:
                 self.partitions.pop(p, None)
+            if 0 in partitions:  # the experiments' statistics are exported by partition 0's holder
+                self.ab_result, self.interleaving_result = None, []
         log.info("partitions revoked", extra={"partitions": partitions})
 
     # ---- one batch ----
@@ -380,17 +374,17 @@ class Pipeline:
         if generation < 0 or generation > current:
             if len(record.contribution) == 8 * self.layout.size and not record.layout:
                 return record  # written before layouts were recorded, in this one
-            record.contribution, record.ab_contribution = b"", b""
+            record.contribution = b""
             return record
-        vector, ab = np.frombuffer(record.contribution), np.frombuffer(record.ab_contribution)
+        vector = np.frombuffer(record.contribution)
         for before, after in zip(history[generation:], history[generation + 1:]):
             old, new = self._layouts.get(before), self._layouts.get(after)
             if old is None or new is None or len(vector) != old.size:
-                record.contribution, record.ab_contribution = b"", b""
+                record.contribution = b""
                 return record
             vector = new.convert(vector, old)
-            ab = ab_sums.convert(ab, new, old) if len(ab) == ab_sums.size(old) else np.zeros(0)
-        record.contribution, record.ab_contribution = vector.tobytes(), ab.tobytes()
+        # Its A/B contribution stays: it belongs to the experiment of the old layout.
+        record.contribution = vector.tobytes()
         return record
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
@@ -412,6 +406,7 @@ class Pipeline:
                     if outcome == "applied":
                         record.ranker_label = self._label("ranker", event.ranker)
                         record.segment_label = self._label("segment", event.segment) if event.segment else ""
+                        record.ab_experiment = self._enrol(record)
                         changed[key] = None
                         for fb_outcome, _ in waiting:
                             count[("feedback", fb_outcome)] += 1
@@ -488,22 +483,40 @@ class Pipeline:
                 dirty.setdefault(p, set()).add(bucket)
         return dirty
 
+    def _experiment(self) -> str | None:
+        """The experiment's name: baseline, start, and the measures' layout, so that a
+        configuration change starts a new experiment (sums that mix two definitions of a
+        measure, or a population enrolled under another one, are no experiment)."""
+        if self.experiment_start is None:
+            return None
+        return f"{self.baseline}@{self.experiment_start}@{self.layout.fingerprint}"
+
+    def _enrol(self, record: QueryRecord) -> str:
+        """The experiment an impression belongs to, decided once, when it is applied: every
+        impression of a ranker from the start on, and nothing that feedback could select
+        later. Before the start is known (no `ab.start`: the first impression of another
+        ranker, agreed across replicas through the store), impressions are not enrolled."""
+        impression = record.impression
+        if not self.baseline or impression.experiment:   # interleaved lists have their own
+            return ""
+        if self.experiment_start is None:
+            now_ms = int(self.clock() * 1000)
+            if record.ranker_label != self.baseline:
+                self.experiment_start = self.store.experiment_start(self.baseline, impression.timestamp_ms)
+            elif now_ms - self._start_asked_ms >= 1000:  # another replica may have set it
+                self._start_asked_ms = now_ms
+                self.experiment_start = self.store.experiment_start(self.baseline, None)
+        if self.experiment_start is None or impression.timestamp_ms < self.experiment_start:
+            return ""
+        return self._experiment() or ""
+
     def _move_experiment(self, keys: list[_Touched], records: list[QueryRecord], values: np.ndarray,
                          nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
         """Move the experiment's cumulative arm sums by the changed queries' new minus old
-        A/B contributions (every impression since the start counts, unjudged ones as 0)."""
-        if not self.baseline:
-            return
-        if self.experiment_start is None:
-            first = [r.impression.timestamp_ms for r in records if r.ranker_label != self.baseline]
-            if not first:
-                return
-            self.experiment_start = self.store.experiment_start(self.baseline, min(first))
-        experiment = f"{self.baseline}@{self.experiment_start}"
-        # Interleaved lists are no arm of the A/B test: they have their own experiment.
-        inside = np.array([r.impression.timestamp_ms >= self.experiment_start and not r.impression.experiment
-                           for r in records])
-        if not inside.any():
+        A/B contributions (every enrolled impression counts, unjudged ones as 0)."""
+        experiment = self._experiment()
+        inside = [experiment is not None and r.ab_experiment == experiment for r in records]
+        if not any(inside):
             return
         new = ab_sums.contributions(self.layout, values, nums, dens, judged)
         zero = bytes(8 * self.ab_size)
@@ -511,7 +524,7 @@ class Pipeline:
             for k, record, vector, counts in zip(keys, records, new, inside):
                 if not counts:
                     continue
-                old = record.ab_contribution if record.ab_experiment == experiment and record.ab_contribution else zero
+                old = record.ab_contribution or zero
                 field = f"{experiment}\x1f{record.ranker_label}\x1f{record.segment_label}"
                 ps = self.partitions[k.partition]
                 sums = ps.ab.get(field)
@@ -519,7 +532,7 @@ class Pipeline:
                     sums = ps.ab[field] = np.zeros(self.ab_size)
                 sums += vector - np.frombuffer(old)
                 ps.dirty_ab.add(field)
-                record.ab_contribution, record.ab_experiment = vector.tobytes(), experiment
+                record.ab_contribution = vector.tobytes()
 
     def _move_interleaving(self, keys: list[_Touched], records: list[QueryRecord]) -> None:
         """Team-draft credit (Radlinski et al., CIKM 2008): each clicked document counts for
@@ -635,13 +648,11 @@ class Pipeline:
         self._look_at_interleaving(stored, save)
         if not self.baseline:
             return None
-        prefix = f"{self.baseline}@"
-        starts = {int(f.split("\x1f", 1)[0][len(prefix):]) for fields in stored.values() for f in fields
-                  if f.startswith(prefix)}
-        start = self.experiment_start if self.experiment_start is not None else max(starts, default=None)
-        if start is None:
+        if self.experiment_start is None:
+            self.experiment_start = self.store.experiment_start(self.baseline, None)
+        experiment = self._experiment()
+        if experiment is None:
             return None
-        experiment = f"{prefix}{start}"
         vectors: dict[tuple[str, str], np.ndarray] = {}
         for fields in stored.values():
             for field, data in fields.items():
@@ -650,11 +661,14 @@ class Pipeline:
                 if name != experiment or len(vector) != self.ab_size:
                     continue  # another experiment, or a replica still on another configuration
                 vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
-        running = self.store.load_running(experiment)
+        # What the running statistics keep depends on alpha, τ² and the split too.
+        a = self.settings.ab
+        state = f"{experiment}|alpha={a.alpha}|tau2={a.mixture_variance}|split={sorted(a.split.items())}"
+        running = self.store.load_running(state)
         result, kept = ab_look(experiment, self.baseline, vectors, self.layout, self.settings.ab, running)
         now_ms = int(self.clock() * 1000)
         if save:
-            self.store.save_running(experiment, kept)
+            self.store.save_running(state, kept)
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP)
                 self._last_history_ms = now_ms

@@ -214,10 +214,12 @@ class RedisStore:
             found = pipe.execute()
         return {p: {k.decode(): v for k, v in sums.items()} for p, sums in zip(partitions, found)}
 
-    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
+    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
         key = f"{self.prefix}:ab:start:{baseline}"
-        self.client.set(key, candidate_ms, nx=True)
-        return int(self.client.get(key))
+        if candidate_ms is not None:
+            self.client.set(key, candidate_ms, nx=True)
+        found = self.client.get(key)
+        return int(found) if found is not None else None
 
     def load_running(self, experiment: str) -> dict[str, str]:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")

@@ -58,8 +58,9 @@ class Store(Protocol):
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         """The experiment arm sums of these partitions, read only, in one round trip."""
 
-    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
-        """The experiment's start, set once across replicas: the first candidate wins."""
+    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
+        """The experiment's start, set once across replicas: the first candidate wins;
+        None asks only (None when no start is set yet)."""
 
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
@@ -162,7 +163,9 @@ class MemoryStore:
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         return {p: dict(self.ab.get(p, {})) for p in partitions}
 
-    def experiment_start(self, baseline: str, candidate_ms: int) -> int:
+    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
+        if candidate_ms is None:
+            return self.starts.get(baseline)
         return self.starts.setdefault(baseline, candidate_ms)
 
     def load_running(self, experiment: str) -> dict[str, str]:

@@ -10,7 +10,8 @@ so the population is not chosen by the outcome. Per measure, an arm's vector hol
 (x the per-query value, y and z its numerator and denominator: the delta method for
 micro averages needs the last five), then the arm's query counts, all and judged. Like
 window buckets they move by deltas when feedback changes a query, persist in the
-partition's checkpoint and add up across partitions and replicas.
+partition's checkpoint and add up across partitions and replicas. An experiment is tied
+to the layout of its measures: a configuration change starts a new one.
 """
 
 from __future__ import annotations
@@ -43,18 +44,6 @@ def contributions(layout: Layout, values: np.ndarray, nums: np.ndarray, dens: np
         sums[:, :, k] = column
     out[:, -2] = 1.0
     out[:, -1] = judged
-    return out
-
-
-def convert(vector: np.ndarray, new: Layout, old: Layout) -> np.ndarray:
-    """A vector written under `old`: measures of unchanged identity carry on, others start at 0."""
-    out = np.zeros(size(new))
-    where = {i: c for c, i in enumerate(old.ids)}
-    for c, identity in enumerate(new.ids):
-        if identity in where:
-            o = where[identity]
-            out[SLOTS * c:SLOTS * (c + 1)] = vector[SLOTS * o:SLOTS * (o + 1)]
-    out[-2:] = vector[-2:]
     return out
 
 
