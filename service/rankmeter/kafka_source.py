@@ -38,6 +38,7 @@ PRODUCE_BLOCK_MS = 5000
 # watermark several times a second).
 LAG_SETTLE_S = 2.0
 COMMITTED_TIMEOUT_MS = 5000  # asking the group coordinator for committed offsets
+JOIN_WATCHDOG_S = 30.0       # a rebalance taking longer than this is started again
 
 
 class TopicMismatch(Exception):
@@ -54,6 +55,7 @@ class _Listener(ConsumerRebalanceListener):
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.source._unclaimed = None
+        self.source._joining_since = time.monotonic()
         if revoked:
             self.on_revoke(sorted({tp.partition for tp in revoked}))
 
@@ -61,6 +63,7 @@ class _Listener(ConsumerRebalanceListener):
         # Called with an empty set too: a member without partitions has still joined.
         self.source.consumer.pause(*assigned)
         self.source._unclaimed = sorted({tp.partition for tp in assigned})
+        self.source._joining_since = None
 
 
 class KafkaSource:
@@ -85,6 +88,7 @@ class KafkaSource:
         self._bootstrap = settings.bootstrap_servers
         self._no_coordinator_since: float | None = None
         self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
+        self._joining_since: float | None = None   # revoked (or subscribed), no assignment since
         self._positions: dict[tuple[str, int], int] = {}  # next offset to read, for lag()
         self._seeked_at: dict[tuple[str, int], float] = {}
 
@@ -109,6 +113,7 @@ class KafkaSource:
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         self._on_assign = on_assign
+        self._joining_since = time.monotonic()
         self._subscription = (list(topics), _Listener(self, on_revoke))
         self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
 
@@ -147,11 +152,19 @@ class KafkaSource:
         # listener claims whatever this member is given, from the stored state.
         self.consumer.unsubscribe()
         self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
+        self._unclaimed, self._joining_since = None, time.monotonic()
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         try:
             batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+            if self._joining_since is not None and time.monotonic() - self._joining_since > JOIN_WATCHDOG_S:
+                # kafka-python 3.0 can stay in a rebalance that never completes (seen after a
+                # broker restart, and when a member that left was already expelled): leaving
+                # the group and joining afresh lets the coordinator drop the stale member.
+                log.warning("no partition assignment for a while; rejoining the group",
+                            extra={"waited_s": round(time.monotonic() - self._joining_since)})
+                self.rejoin()
             if self._unclaimed is not None:
                 # Partitions assigned during this poll: claimed now, off the IO thread, then
                 # resumed at the stored offsets. Whatever this poll read of them is dropped
