@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from rankmeter import config
 from rankmeter.engine import QueryState, parse, stack
-from rankmeter.join import ONLINE_SIGNALS, QueryRecord
+from rankmeter.engine import ONLINE_SIGNALS
+from rankmeter.join import QueryRecord
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -453,3 +454,41 @@ def test_a_long_backlog_closes_over_several_batches():
         sizes.append(before + 1 - len(store.records[0]))
     assert max(sizes) <= SWEEP_LIMIT and sum(sizes) == n
     assert all(not q.startswith("q") for q in store.records[0])
+
+
+class FlakyStore(MemoryStore):
+    """A store whose next commit fails with the connection: after applying it (the reply
+    was lost) or before."""
+
+    unavailable = (ConnectionError,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail: str | None = None
+
+    def commit(self, checkpoints):
+        checkpoints = list(checkpoints)
+        if self.fail == "before":
+            self.fail = None
+            raise ConnectionError("connection reset")
+        refused = super().commit(checkpoints)
+        if self.fail == "after":
+            self.fail = None
+            raise ConnectionError("connection reset")
+        return refused
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_batch_whose_commit_failed_is_counted_once_whether_stored_or_not(when):
+    now_ms = int(NOW_S * 1000)
+    store, bus = FlakyStore(), Bus(partitions=1)
+    pipeline, feed = one_partition([impression("q1", now_ms), click("q1", now_ms)], store=store, bus=bus)
+    store.fail = when
+    with pytest.raises(ConnectionError):
+        feed([impression("q2", now_ms), click("q2", now_ms)])
+    pipeline.revoke([0])   # what serve's recovery does, then a fresh claim
+    bus.seek(pipeline.assign([0]))
+    while records := bus.poll(0, 100):
+        pipeline.process(records)
+    assert pipeline.events == {("impressions", "applied"): 2, ("feedback", "applied"): 2}
+    assert next(v for v in pipeline.views() if v.window == "5m").queries_all == 2

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
+from rankmeter.engine import Clicks
 from rankmeter.events import Feedback, Impression
 
 
@@ -107,31 +108,12 @@ def _apply(record: QueryRecord, fb: Feedback, attribution: Attribution) -> str:
     return "applied"
 
 
-# ---- online signals, from the record rather than from grades ----------------------
+# ---- what the online signals are computed from (engine/online.py) -------------------
 
-ONLINE_SIGNALS = ("CTR", "Abandonment", "Clicks", "FirstClickRank")
-UNDEFINED = {"FirstClickRank": float("nan")}  # the value when the denominator is 0; else 0
-
-
-def online_ratios(records: Sequence[QueryRecord]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per-query (numerator, denominator) of each online signal:
-    CTR = clicked shown results / shown results (micro: Σ clicked / Σ shown);
-    Abandonment = 1 when no shown result was clicked; Clicks = click events;
-    FirstClickRank = rank of the first clicked result (undefined without a click)."""
-    shown = np.array([len(r.impression.results) for r in records], dtype=float)
-    clicked = np.array([len(r.clicked) for r in records], dtype=float)
-    clicks = np.array([r.clicks for r in records], dtype=float)
-    first = np.array([_first_click_rank(r) for r in records], dtype=float)
-    ones = np.ones(len(records))
-    return {
-        "CTR": (clicked, shown),
-        "Abandonment": ((clicked == 0).astype(float), ones),
-        "Clicks": (clicks, ones),
-        "FirstClickRank": (np.nan_to_num(first), np.where(np.isnan(first), 0.0, 1.0)),
-    }
-
-
-def _first_click_rank(record: QueryRecord) -> float:
-    if not record.clicked:
-        return float("nan")
-    return float(min(record.impression.results.index(doc) for doc in record.clicked) + 1)
+def clicks_of(records: Sequence[QueryRecord]) -> Clicks:
+    return Clicks(
+        shown=np.array([len(r.impression.results) for r in records], dtype=float),
+        clicked=np.array([len(r.clicked) for r in records], dtype=float),
+        clicks=np.array([r.clicks for r in records], dtype=float),
+        first_rank=np.array([min(r.impression.results.index(doc) for doc in r.clicked) + 1 if r.clicked else 0
+                             for r in records], dtype=float))

@@ -30,10 +30,9 @@ from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.checkpoint import Checkpoint
 from rankmeter.config import Settings, duration_ms, time_ms
-from rankmeter.engine import QueryState, evaluate, parse_all, stack
+from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
 from rankmeter.events import Decoder, Feedback, Impression, Rejected
-from rankmeter.join import (ONLINE_SIGNALS, UNDEFINED, Attribution, QueryRecord, apply_feedback,
-                            apply_impression, online_ratios)
+from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of
 from rankmeter.source import Record
 from rankmeter.store import FENCED, Store
 from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_views
@@ -130,6 +129,8 @@ class Pipeline:
         # is stored, so a batch replayed after a store failure or taken over from a fenced
         # replica is counted once.
         self._counts: dict[int, Counter[tuple[str, str]]] = {}
+        # A checkpoint whose commit failed midway: (its offsets, its counts), per partition.
+        self._unsure: dict[int, tuple[dict[str, int], Counter[tuple[str, str]]]] = {}
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -204,6 +205,10 @@ class Pipeline:
                 self.partitions[p] = state
             self.lost.discard(p)
             self.fenced.discard(p)
+            unsure = self._unsure.pop(p, None)
+            if unsure is not None and unsure[0] == snapshot.offsets:
+                with self.lock:
+                    self.events.update(unsure[1])   # that checkpoint was stored after all
             resume.update({(topic, p): offset for topic, offset in snapshot.offsets.items()})
         log.info("partitions assigned", extra={"partitions": partitions, "resume": len(resume),
                                                "lost": sorted(self.lost)})
@@ -296,7 +301,13 @@ class Pipeline:
         for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
             # One at a time (the store runs one script per partition anyway): when the store
             # fails midway, the partitions stored so far are counted, the rest are replayed.
-            refused.update(self.store.commit([checkpoint]))
+            try:
+                refused.update(self.store.commit([checkpoint]))
+            except self.store.unavailable:
+                # Stored or not, nobody can tell until the store answers: the claim after
+                # recovery counts them if the stored offsets are these.
+                self._unsure[checkpoint.partition] = (checkpoint.offsets, counts.get(checkpoint.partition, Counter()))
+                raise
             if checkpoint.partition not in refused:
                 with self.lock:
                     self.events.update(counts.get(checkpoint.partition, {}))
@@ -449,15 +460,9 @@ class Pipeline:
         names = self.layout.names
         values = np.empty((len(keys), len(names)))
         nums, dens = np.empty_like(values), np.empty_like(values)
-        for i, (m, ratio) in enumerate(evaluate(self.measures, batch).items()):
+        ratios = {**evaluate(self.measures, batch), **evaluate_online(clicks_of(records))}
+        for i, (m, ratio) in enumerate(ratios.items()):   # in the layout's order: measures, then signals
             values[:, i], nums[:, i], dens[:, i] = m.values(ratio), ratio.num, ratio.den
-        offset = len(self.measures)
-        online = online_ratios(records)
-        for j, name in enumerate(ONLINE_SIGNALS):
-            num, den = online[name]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                values[:, offset + j] = np.where(den != 0, num / den, UNDEFINED.get(name, 0.0))
-            nums[:, offset + j], dens[:, offset + j] = num, den
         self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
         self._move_interleaving(keys, records)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)

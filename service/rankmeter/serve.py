@@ -94,6 +94,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             return {}
         rebuilding[0] = False
         health.ready = True
+        lag.clear()  # positions restart at the stored offsets: earlier samples mean nothing now
         return resume
 
     if threading.current_thread() is threading.main_thread():
@@ -111,6 +112,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         while not stop.is_set():
             if health.store_problem:
                 _recover(pipeline, source, store, health, stop)
+                lag.clear()
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()

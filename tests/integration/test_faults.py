@@ -327,6 +327,10 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
         own.start()  # same dir: the AOF brings the state back
         wait_until(lambda: serve.get("/readyz")[0] == 200, 60, "serve to recover by itself")
         produce_chunk(kafka_bootstrap, topics, third)
+        # Every message counts once (every query has its impression): the lag gauge alone
+        # may still show a moment before the produce.
+        total = len(first) + len(second) + len(third)
+        wait_until(lambda: sum(serve.events().values()) >= total, 120, "serve to count every message")
         wait_until(lambda: caught_up(serve), 120, "serve to catch up after the outage")
         time.sleep(1.5)
         got, got_events = aggregates(serve), serve.events()

@@ -110,6 +110,7 @@ def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
         imp("q1", ["d", "c"]),                           # conflict: the first wins
         imp("q2", ["x", "y", "x", "z"]),                 # repeated id: first occurrence kept
         imp("q3", ["m", "n"], t=ts(now, -50)),           # old enough for late feedback
+        imp("q7", ["a"], ranker="r3", t=ts(now, 30)),    # from a fast clock: in no window before its time
         ("q4", {"query_id": "q4", "timestamp": now, "client_id": "c1", "application": "shop",
                 "query_attributes": {"ranker": "r2"}, "query_response_hit_ids": ["u", "v", "w"]}),  # UBI query
         ("bad", b"\xff\xfe not json"),                   # invalid: not UTF-8 JSON
@@ -146,7 +147,7 @@ def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
         text = serve.metrics_text()
 
     assert events == {
-        ("impressions", "applied"): 5, ("impressions", "duplicate"): 1, ("impressions", "conflict"): 1,
+        ("impressions", "applied"): 6, ("impressions", "duplicate"): 1, ("impressions", "conflict"): 1,
         ("impressions", "invalid"): 5,
         ("feedback", "applied"): 6, ("feedback", "duplicate"): 1,
         ("feedback", "unmatched"): 1, ("feedback", "late"): 1, ("feedback", "ignored"): 1,
@@ -167,6 +168,14 @@ def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
     assert quality(metrics, "CTR", "r1", "5m", "micro") == pytest.approx((1 + 1 + 1) / (4 + 3 + 2))
     assert quality(metrics, "Abandonment", "r1", "1h") == pytest.approx(1 / 4)  # q3 only
     assert quality(metrics, "Abandonment", "r1", "5m") == 0
+    # The per-query distribution: a bucket le=e counts the values <= e (r1's P@10: 0.2, 0.1, 0.1).
+    buckets = {dict(k[1])["le"]: v for k, v in metrics.items() if k[0] == "rankmeter_query_quality_bucket"
+               and dict(k[1])["metric"] == "P@10" and dict(k[1])["ranker"] == "r1" and dict(k[1])["window"] == "1h"}
+    assert (buckets["0.1"], buckets["0.2"], buckets["+Inf"]) == (2, 3, 3)
+    # Windows end now: the impression stamped 30 minutes ahead is in none of them yet.
+    r3 = {dict(k[1])["window"]: v for k, v in metrics.items()
+          if k[0] == "rankmeter_queries" and dict(k[1])["ranker"] == "r3" and dict(k[1])["population"] == "all"}
+    assert r3 == {"5m": 0, "1h": 0, "24h": 0}
     # The UBI records joined: r2's q4 had its second result clicked.
     assert quality(metrics, "RR", "r2") == pytest.approx(1 / 2)
     assert quality(metrics, "FirstClickRank", "r2") == 2

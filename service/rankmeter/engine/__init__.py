@@ -4,12 +4,14 @@
     Batch, stack (batch.py)  many states as padded arrays
     parse, Measure (measures.py)  measure names and their definitions
     macro, micro (aggregate.py)  averages over queries
+    Clicks, evaluate_online (online.py)  the online signals (CTR, abandonment, …), same registry
 """
 
 from rankmeter.engine.aggregate import Average, macro, micro
 from rankmeter.engine.batch import Batch, stack
 from rankmeter.engine.measures import FAMILIES, Measure, Ratio, evaluate, parse, parse_all
+from rankmeter.engine.online import ONLINE_SIGNALS, Clicks, evaluate_online
 from rankmeter.engine.query import QueryState
 
-__all__ = ["Average", "Batch", "FAMILIES", "Measure", "QueryState", "Ratio", "evaluate",
-           "macro", "micro", "parse", "parse_all", "stack"]
+__all__ = ["Average", "Batch", "Clicks", "FAMILIES", "Measure", "ONLINE_SIGNALS", "QueryState", "Ratio",
+           "evaluate", "evaluate_online", "macro", "micro", "parse", "parse_all", "stack"]

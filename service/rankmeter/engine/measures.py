@@ -36,6 +36,7 @@ class Family(NamedTuple):
     cutoff_type: type      # int (ranks) or float (recall points)
     params: dict[str, str]  # parameter name -> default
     undefined: float       # the value when den == 0
+    online: bool = False   # computed from clicks (engine/online.py), not from grades
 
 
 FAMILIES: dict[str, Family] = {}
@@ -43,12 +44,16 @@ ALIASES = {"P": "SetP", "R": "SetR", "F1": "SetF"}  # only when written without 
 RECALL_POINTS = tuple(i / 10 for i in range(11))
 
 
+def register(fam: Family) -> None:
+    FAMILIES[fam.name] = fam
+
+
 def family(name: str, cutoff: str = "none", cutoff_type: type = int,
            params: dict[str, str] | None = None, undefined: float = 0.0):
-    def register(fn: Callable[..., Ratio]) -> Callable[..., Ratio]:
-        FAMILIES[name] = Family(name, fn, cutoff, cutoff_type, params or {}, undefined)
+    def add(fn: Callable[..., Ratio]) -> Callable[..., Ratio]:
+        register(Family(name, fn, cutoff, cutoff_type, params or {}, undefined))
         return fn
-    return register
+    return add
 
 
 # ---- shared building blocks ------------------------------------------------------
@@ -281,8 +286,11 @@ def parse(name: str) -> Measure:
         fam_name = ALIASES[fam_name]
     fam = FAMILIES.get(fam_name)
     if fam is None:
-        known = ", ".join(sorted(FAMILIES))
+        known = ", ".join(sorted(f for f, v in FAMILIES.items() if not v.online))
         raise ValueError(f"unknown measure {name!r}: families are {known}")
+    if fam.online:
+        raise ValueError(f"measure {name!r} is an online signal (from clicks): the live service exports it "
+                         f"always; it is not computed from grades")
     cutoff: int | float | None = None
     if raw_cutoff is not None:
         if fam.cutoff == "none":
