@@ -305,8 +305,11 @@ class Pipeline:
                 refused.update(self.store.commit([checkpoint]))
             except self.store.unavailable:
                 # Stored or not, nobody can tell until the store answers: the claim after
-                # recovery counts them if the stored offsets are these.
-                self._unsure[checkpoint.partition] = (checkpoint.offsets, counts.get(checkpoint.partition, Counter()))
+                # recovery counts them if the stored offsets are these. (A checkpoint that
+                # moved no offset is simply replayed: its sweep finds the same queries.)
+                if advanced.get(checkpoint.partition):
+                    self._unsure[checkpoint.partition] = (checkpoint.offsets,
+                                                          counts.get(checkpoint.partition, Counter()))
                 raise
             if checkpoint.partition not in refused:
                 with self.lock:
