@@ -89,7 +89,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         try:
             resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0])
         except unavailable as e:
-            # Raised inside the client's rebalance: leave the partitions paused; the loop recovers.
+            # The store is away while claiming: the partitions stay paused; the loop recovers.
             health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
             return {}
         rebuilding[0] = False
