@@ -41,6 +41,13 @@ def experiment_stream(seed: int, queries: int, start_ms: int):
     return out, truth
 
 
+def started(settings, store: MemoryStore, bus: Bus) -> Pipeline:
+    """A pipeline (a process) on the store and bus, holding every partition."""
+    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    return pipeline
+
+
 def feed(pipeline: Pipeline, bus: Bus, events, batch: int = 37) -> None:
     settings = pipeline.settings
     topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
@@ -55,8 +62,7 @@ def test_arm_sums_cover_every_impression_since_the_start_and_give_the_welch_esti
     settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
     events, truth = experiment_stream(5, 400, start)
     store, bus = MemoryStore(), Bus(partitions=3)
-    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
-    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline = started(settings, store, bus)
     feed(pipeline, bus, events)
     look = pipeline.ab_look()
 
@@ -87,9 +93,7 @@ def test_arm_sums_survive_a_restart_and_moving_batches():
         store, bus = MemoryStore(), Bus(partitions=2)
         done = 0
         for size in batches:   # each element: a new process on the same store
-            pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
-            bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic],
-                          pipeline.assign, pipeline.revoke)
+            pipeline = started(settings, store, bus)
             feed(pipeline, bus, events[done:done + size], batch=size // 3 + 1)
             done += size
         return {p: {f: np.frombuffer(v) for f, v in sums.items()} for p, sums in store.ab.items()}
@@ -107,8 +111,7 @@ def test_no_statistic_before_each_arm_has_min_queries():
     settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "1000"})
     events, _ = experiment_stream(2, 200, start)
     store, bus = MemoryStore(), Bus(partitions=1)
-    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
-    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline = started(settings, store, bus)
     feed(pipeline, bus, events)
     look = pipeline.ab_look()
     assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
@@ -120,8 +123,7 @@ def test_feedback_never_enrols_a_query_only_impressions_from_the_start_on_do():
     does not enrol them either: that would pick the population by its outcome."""
     settings = config.load(None, ENV)
     store, bus = MemoryStore(), Bus(partitions=1)
-    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
-    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline = started(settings, store, bus)
     results = [f"d{i}" for i in range(10)]
     imp = lambda q, r, t: ("impressions", q, {"query_id": q, "ranker": r, "timestamp": t, "results": results})
     clk = lambda q, t: ("feedback", q, {"query_id": q, "action": "click", "doc_id": "d0", "timestamp": t})
@@ -141,12 +143,10 @@ def test_a_configuration_change_starts_a_new_experiment():
     after = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_EVALUATION_MEASURES": "P@1"})
     events, _ = experiment_stream(3, 200, start + 120_000)   # every impression after the start
     store, bus = MemoryStore(), Bus(partitions=1)
-    first = Pipeline(before, store, lambda r, why: None, lambda: NOW_S)
-    bus.subscribe([before.kafka.impressions_topic, before.kafka.feedback_topic], first.assign, first.revoke)
+    first = started(before, store, bus)
     feed(first, bus, events[:300])
     assert sum(a.queries for a in first.ab_look().arms) > 0
-    second = Pipeline(after, store, lambda r, why: None, lambda: NOW_S)
-    bus.subscribe([after.kafka.impressions_topic, after.kafka.feedback_topic], second.assign, second.revoke)
+    second = started(after, store, bus)
     feed(second, bus, events[300:])
     look = second.ab_look()
     impressions_after = sum(1 for stream, _, _ in events[300:] if stream == "impressions")
