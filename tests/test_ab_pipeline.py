@@ -117,24 +117,29 @@ def test_no_statistic_before_each_arm_has_min_queries():
     assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
 
 
-def test_feedback_never_enrols_a_query_only_impressions_from_the_start_on_do():
-    """Without ab.start the experiment starts with the first impression of another
-    ranker. Baseline impressions consumed before that are not enrolled, and a later click
-    does not enrol them either: that would pick the population by its outcome."""
-    settings = config.load(None, ENV)
-    store, bus = MemoryStore(), Bus(partitions=1)
+def test_enrolment_is_by_impression_time_alone_and_feedback_never_enrols():
+    """Every impression stamped from ab.start on is enrolled, in whatever order partitions
+    see them; one stamped before is not, and a later click does not enrol it either (that
+    would pick the population by its outcome)."""
+    start = NOW_MS - 300_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
+    store, bus = MemoryStore(), Bus(partitions=2)
     pipeline = started(settings, store, bus)
     results = [f"d{i}" for i in range(10)]
     imp = lambda q, r, t: ("impressions", q, {"query_id": q, "ranker": r, "timestamp": t, "results": results})
     clk = lambda q, t: ("feedback", q, {"query_id": q, "action": "click", "doc_id": "d0", "timestamp": t})
-    start = NOW_MS - 300_000
-    feed(pipeline, bus, [imp(f"early{i}", "base", start + 1000) for i in range(50)])
-    feed(pipeline, bus, [imp(f"new{i}", "new", start) for i in range(50)])
-    feed(pipeline, bus, [imp(f"late{i}", "base", start + 2000) for i in range(50)])
-    feed(pipeline, bus, [clk(f"early{i}", start + 3000) for i in range(10)] + [clk(f"late{i}", start + 3000) for i in range(5)])
+    feed(pipeline, bus, [imp(f"before{i}", "base", start - 1000) for i in range(30)]
+         + [imp(f"base{i}", "base", start + 1000) for i in range(50)]
+         + [imp(f"new{i}", "new", start) for i in range(50)])
+    feed(pipeline, bus, [clk(f"before{i}", start + 3000) for i in range(10)] + [clk(f"base{i}", start + 3000) for i in range(5)])
     arms = {a.ranker: a for a in pipeline.ab_look().arms}
     assert (arms["base"].queries, arms["base"].judged) == (50, 5)
     assert (arms["new"].queries, arms["new"].judged) == (50, 0)
+
+
+def test_an_experiment_needs_its_start():
+    with pytest.raises(config.ConfigError, match="ab.start: required with ab.baseline"):
+        config.load(None, ENV)
 
 
 def test_a_configuration_change_starts_a_new_experiment():

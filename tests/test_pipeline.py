@@ -486,9 +486,23 @@ def test_a_batch_whose_commit_failed_is_counted_once_whether_stored_or_not(when)
     store.fail = when
     with pytest.raises(ConnectionError):
         feed([impression("q2", now_ms), click("q2", now_ms)])
-    pipeline.revoke([0])   # what serve's recovery does, then a fresh claim
+    pipeline.revoke([0], reclaiming=True)   # what serve's recovery does, then a fresh claim
     bus.seek(pipeline.assign([0]))
     while records := bus.poll(0, 100):
         pipeline.process(records)
     assert pipeline.events == {("impressions", "applied"): 2, ("feedback", "applied"): 2}
     assert next(v for v in pipeline.views() if v.window == "5m").queries_all == 2
+
+
+def test_a_batch_another_replica_replayed_is_not_counted_again_when_the_partition_returns():
+    now_ms = int(NOW_S * 1000)
+    store, bus = FlakyStore(), Bus(partitions=1)
+    first, feed = one_partition([], store=store, bus=bus)
+    store.fail = "before"
+    with pytest.raises(ConnectionError):
+        feed([impression("q1", now_ms), click("q1", now_ms)])
+    first.revoke([0])                            # a rebalance: another replica takes it over
+    second, _ = one_partition([], store=store, bus=bus)   # replays the batch and counts it
+    second.revoke([0])
+    bus.seek(first.assign([0]))                   # back to the first, at the same offsets
+    assert sum(first.events.values()) + sum(second.events.values()) == 2

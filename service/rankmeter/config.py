@@ -90,7 +90,7 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     alpha: float = 0.05
     mixture_variance: float = 0.0  # τ² of the mSPRT mixture; 0: ab.stats.DEFAULT_TAU2
     min_queries: int = 100      # per arm, before any statistic is exported
-    start: str = ""             # epoch ms or RFC 3339; empty: the first impression of another ranker
+    start: str = ""             # epoch ms or RFC 3339: when traffic started going to the treatments
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -273,6 +273,11 @@ def _check(s: Settings) -> None:
         fail("ab.min_queries", "must be at least 2")
     if any(share <= 0 for share in s.ab.split.values()):
         fail("ab.split", "shares must be > 0")
+    if s.ab.baseline and not s.ab.start:
+        # Enrolment must depend on an impression's time alone, not on the order in which
+        # partitions and replicas happen to see the first impression of a treatment.
+        fail("ab.start", "required with ab.baseline: when traffic started going to the treatments "
+                         "(epoch ms or RFC 3339)")
     if s.ab.start:
         try:
             time_ms(s.ab.start)

@@ -38,7 +38,9 @@ PRODUCE_BLOCK_MS = 5000
 # watermark several times a second).
 LAG_SETTLE_S = 2.0
 COMMITTED_TIMEOUT_MS = 5000  # asking the group coordinator for committed offsets
-JOIN_WATCHDOG_S = 30.0       # a rebalance taking longer than this is started again
+# A rebalance that has given no assignment for the session timeout (a dead member of the
+# group must expire first) plus this is started again.
+JOIN_WATCHDOG_MARGIN_S = 15.0
 
 
 class TopicMismatch(Exception):
@@ -89,6 +91,7 @@ class KafkaSource:
         self._no_coordinator_since: float | None = None
         self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
         self._joining_since: float | None = None   # revoked (or subscribed), no assignment since
+        self._join_watchdog_s = self.consumer.config["session_timeout_ms"] / 1000 + JOIN_WATCHDOG_MARGIN_S
         self._positions: dict[tuple[str, int], int] = {}  # next offset to read, for lag()
         self._seeked_at: dict[tuple[str, int], float] = {}
 
@@ -158,7 +161,7 @@ class KafkaSource:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         try:
             batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-            if self._joining_since is not None and time.monotonic() - self._joining_since > JOIN_WATCHDOG_S:
+            if self._joining_since is not None and time.monotonic() - self._joining_since > self._join_watchdog_s:
                 # kafka-python 3.0 can stay in a rebalance that never completes (seen after a
                 # broker restart, and when a member that left was already expelled): leaving
                 # the group and joining afresh lets the coordinator drop the stale member.

@@ -146,13 +146,11 @@ class Pipeline:
         self._zero = bytes(8 * self.layout.size)
         self.ab_size = ab_sums.size(self.layout)
         self.baseline = settings.ab.baseline
-        # The experiment: every other ranker against the baseline, from `ab.start` (or the
-        # first impression of another ranker, agreed across replicas through the store).
+        # The experiment: every other ranker against the baseline, from `ab.start` on.
         self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
         self.ab_result: Look | None = None
         self.interleaving_result: list[Preference] = []
         self._last_history_ms = 0
-        self._start_asked_ms = 0
 
     # ---- assignment ----
 
@@ -238,12 +236,16 @@ class Pipeline:
         return buckets
 
 
-    def revoke(self, partitions: Iterable[int]) -> None:
-        """Every batch is persisted when `process` returns: forgetting is enough."""
+    def revoke(self, partitions: Iterable[int], reclaiming: bool = False) -> None:
+        """Every batch is persisted when `process` returns: forgetting is enough.
+        `reclaiming`: this process claims them again at once (after a store failure), so a
+        checkpoint it could not confirm is still its own to count (`_unsure`)."""
         partitions = list(partitions)
         with self.lock:
             for p in partitions:
                 self.partitions.pop(p, None)
+                if not reclaiming:
+                    self._unsure.pop(p, None)  # another owner may replay and count that batch
             if 0 in partitions:  # the experiments' statistics are exported by partition 0's holder
                 self.ab_result, self.interleaving_result = None, []
         log.info("partitions revoked", extra={"partitions": partitions})
@@ -298,23 +300,26 @@ class Pipeline:
                 ts = min(ts, now_ms)
                 watermarks[topic] = max(watermarks.get(topic, ts), ts)
         refused: dict[int, str] = {}
-        for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
-            # One at a time (the store runs one script per partition anyway): when the store
-            # fails midway, the partitions stored so far are counted, the rest are replayed.
-            try:
-                refused.update(self.store.commit([checkpoint]))
-            except self.store.unavailable:
-                # Stored or not, nobody can tell until the store answers: the claim after
-                # recovery counts them if the stored offsets are these. (A checkpoint that
-                # moved no offset is simply replayed: its sweep finds the same queries.)
-                if advanced.get(checkpoint.partition):
-                    self._unsure[checkpoint.partition] = (checkpoint.offsets,
-                                                          counts.get(checkpoint.partition, Counter()))
-                raise
-            if checkpoint.partition not in refused:
-                with self.lock:
-                    self.events.update(counts.get(checkpoint.partition, {}))
-        self._drop_refused(refused)
+        try:
+            for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
+                # One at a time (the store runs one script per partition anyway): when the
+                # store fails midway, the partitions stored so far are counted, the rest are
+                # replayed.
+                try:
+                    refused.update(self.store.commit([checkpoint]))
+                except self.store.unavailable:
+                    # Stored or not, nobody can tell until the store answers: the claim after
+                    # recovery counts them if the stored offsets are these. (The orphans of a
+                    # checkpoint that moved no offset may go uncounted if it was stored.)
+                    if advanced.get(checkpoint.partition):
+                        self._unsure[checkpoint.partition] = (checkpoint.offsets,
+                                                              counts.get(checkpoint.partition, Counter()))
+                    raise
+                if checkpoint.partition not in refused:
+                    with self.lock:
+                        self.events.update(counts.get(checkpoint.partition, {}))
+        finally:
+            self._drop_refused(refused)   # even when a later commit failed: never claim those again
         for ps in self.partitions.values():
             _trim(ps.records, ps.states)
         return {(topic, p): offset for p, topics in advanced.items() if p not in refused
@@ -500,21 +505,11 @@ class Pipeline:
         return f"{self.baseline}@{self.experiment_start}@{self.layout.fingerprint}"
 
     def _enrol(self, record: QueryRecord) -> str:
-        """The experiment an impression belongs to, decided once, when it is applied: every
-        impression of a ranker from the start on, and nothing that feedback could select
-        later. Before the start is known (no `ab.start`: the first impression of another
-        ranker, agreed across replicas through the store), impressions are not enrolled."""
+        """The experiment an impression belongs to, decided once, when it is applied, by its
+        time alone: every impression of a ranker from `ab.start` on, and nothing that
+        feedback could select later. Interleaved lists have their own experiment."""
         impression = record.impression
-        if not self.baseline or impression.experiment:   # interleaved lists have their own
-            return ""
-        if self.experiment_start is None:
-            now_ms = int(self.clock() * 1000)
-            if record.ranker_label != self.baseline:
-                self.experiment_start = self.store.experiment_start(self.baseline, impression.timestamp_ms)
-            elif now_ms - self._start_asked_ms >= 1000:  # another replica may have set it
-                self._start_asked_ms = now_ms
-                self.experiment_start = self.store.experiment_start(self.baseline, None)
-        if self.experiment_start is None or impression.timestamp_ms < self.experiment_start:
+        if self.experiment_start is None or impression.experiment or impression.timestamp_ms < self.experiment_start:
             return ""
         return self._experiment() or ""
 
@@ -656,8 +651,6 @@ class Pipeline:
         self._look_at_interleaving(stored, save)
         if not self.baseline:
             return None
-        if self.experiment_start is None:
-            self.experiment_start = self.store.experiment_start(self.baseline, None)
         experiment = self._experiment()
         if experiment is None:
             return None

@@ -18,7 +18,6 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
                                     a record names its index), layout:<fp> (descriptions),
                                     watermark:<topic>
     P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
-    P:ab:start:<baseline>  string   the experiment's start (ms), set once
     P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
     P:ab:looks:<exp>       list     one JSON line per minute: the experiment's history
     P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
@@ -213,13 +212,6 @@ class RedisStore:
                 pipe.hgetall(self._key(p, "ab"))
             found = pipe.execute()
         return {p: {k.decode(): v for k, v in sums.items()} for p, sums in zip(partitions, found)}
-
-    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
-        key = f"{self.prefix}:ab:start:{baseline}"
-        if candidate_ms is not None:
-            self.client.set(key, candidate_ms, nx=True)
-        found = self.client.get(key)
-        return int(found) if found is not None else None
 
     def load_running(self, experiment: str) -> dict[str, str]:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")

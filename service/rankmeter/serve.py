@@ -95,6 +95,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         rebuilding[0] = False
         health.ready = True
         lag.clear()  # positions restart at the stored offsets: earlier samples mean nothing now
+        pipeline.caught_up = set()
         return resume
 
     if threading.current_thread() is threading.main_thread():
@@ -113,6 +114,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             if health.store_problem:
                 _recover(pipeline, source, store, health, stop)
                 lag.clear()
+                pipeline.caught_up = set()
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
@@ -200,7 +202,7 @@ def _recover(pipeline: Pipeline, source: Source, store: Store, health: Health,
              stop: threading.Event) -> None:
     """Wait for the store with bounded backoff (staying alive, not ready), then reload
     the assigned partitions from it and resume the consumer at the stored offsets."""
-    pipeline.revoke(list(pipeline.partitions))
+    pipeline.revoke(list(pipeline.partitions), reclaiming=True)
     delay = RECOVERY_BACKOFF_S[0]
     while not stop.is_set():
         health.beat()  # alive, but not ready

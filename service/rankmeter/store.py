@@ -58,10 +58,6 @@ class Store(Protocol):
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         """The experiment arm sums of these partitions, read only, in one round trip."""
 
-    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
-        """The experiment's start, set once across replicas: the first candidate wins;
-        None asks only (None when no start is set yet)."""
-
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
     def append_look(self, experiment: str, line: str, keep: int) -> None:
@@ -101,7 +97,6 @@ class MemoryStore:
         self.deadlines: dict[int, dict[str, int]] = {}
         self.buckets: dict[int, dict[str, bytes]] = {}
         self.ab: dict[int, dict[str, bytes]] = {}
-        self.starts: dict[str, int] = {}
         self.running: dict[str, dict[str, str]] = {}
         self.history: dict[str, list[str]] = {}
         self.labels: dict[str, dict[str, int]] = {}
@@ -162,11 +157,6 @@ class MemoryStore:
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         return {p: dict(self.ab.get(p, {})) for p in partitions}
-
-    def experiment_start(self, baseline: str, candidate_ms: int | None) -> int | None:
-        if candidate_ms is None:
-            return self.starts.get(baseline)
-        return self.starts.setdefault(baseline, candidate_ms)
 
     def load_running(self, experiment: str) -> dict[str, str]:
         return dict(self.running.get(experiment, {}))

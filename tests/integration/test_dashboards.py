@@ -28,7 +28,7 @@ VARIABLES = {"ranker": ".*", "window": "1h", "metric": "nDCG@10", "baseline": "b
 # An experiment for the A/B dashboard: the simulator's two rankers, 50/50; statistics from
 # 50 queries an arm so that they exist within the test's 15 seconds of traffic.
 EXPERIMENT = {"RANKMETER_AB_BASELINE": "bm25-tuned", "RANKMETER_AB_SPLIT": "bm25-tuned=0.5,bm25-degraded=0.5",
-              "RANKMETER_AB_MIN_QUERIES": "50"}
+              "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_START": str(int(time.time() * 1000) - 3_600_000)}
 
 
 def substitute(expr: str) -> str:
