@@ -89,7 +89,8 @@ class Serve:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
         if wait_ready:
-            wait_until(lambda: self._answers("/readyz"), 60, "rankmeter serve to become ready")
+            # Up to the client's rejoin watchdog (session timeout + 15 s) and a join after it.
+            wait_until(lambda: self._answers("/readyz"), 120, "rankmeter serve to become ready")
         else:
             wait_until(lambda: self._answers("/healthz"), 60, "rankmeter serve to answer")
         return self
