@@ -23,7 +23,12 @@ class JsonFormatter(logging.Formatter):
         }
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
+            # Our own failures with their traceback; a library's (kafka-python logs every
+            # connection reset with one) as the exception alone: an outage is not a bug.
+            ours = record.name.split(".")[0] == "rankmeter"
+            error = record.exc_info[1]
+            entry["error"] = self.formatException(record.exc_info) if ours or error is None else \
+                f"{type(error).__name__}: {error}"
         # Any line, ours or a library's (kafka-python dumps its config at DEBUG), loses its secrets.
         return redact(json.dumps(entry, default=str))
 
