@@ -24,7 +24,7 @@ def test_defaults_file_and_environment(tmp_path):
     assert s.redis.url == "rediss://:secret@redis:6380/1"
     assert s.windows.sizes == ["1m", "10m"]
     assert s.evaluation.grades == {"click": 1.0, "purchase": 4.0}
-    assert config.load(None, {}).windows.sizes == ["5m", "1h", "24h"]
+    assert config.load(None, {}).windows.sizes == ["5m", "15m", "1h", "24h"]
 
 
 def test_config_file_from_environment(tmp_path):

@@ -152,11 +152,11 @@ def test_windows_follow_impression_time():
               (FEEDBACK, "new", {"query_id": "new", "action": "click", "doc_id": "y", "timestamp": now_ms})]
     pipeline = run(stream, clock=clock)
     queries = {v.window: v.queries_all for v in pipeline.views()}
-    assert queries == {"5m": 1, "1h": 2, "24h": 2}
+    assert queries == {"5m": 1, "15m": 2, "1h": 2, "24h": 2}
     ctr = {v.window: v.sums["CTR"] for v in pipeline.views()}
     assert ctr["5m"] == (0.5, 1, 1, 2, 0.25) and ctr["1h"] == (0.5, 2, 1, 3, 0.25)
     clock.t += 3600  # an hour later only the 24h window holds them
-    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 0, "1h": 0, "24h": 2}
+    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 0, "15m": 0, "1h": 0, "24h": 2}
 
 
 def one_partition(events, settings=SETTINGS, store=None, clock=None, letters=None, bus=None):
@@ -267,9 +267,9 @@ def test_feedback_keyed_by_something_else_is_dead_lettered():
 def test_windows_end_now_an_impression_from_the_future_waits_for_its_minute():
     clock, now_ms = Clock(), int(NOW_S * 1000)
     pipeline, _ = one_partition([impression("soon", now_ms + 30 * 60_000), impression("now", now_ms)], clock=clock)
-    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "1h": 1, "24h": 1}
+    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "15m": 1, "1h": 1, "24h": 1}
     clock.t += 31 * 60
-    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "1h": 2, "24h": 2}
+    assert {v.window: v.queries_all for v in pipeline.views()} == {"5m": 1, "15m": 1, "1h": 2, "24h": 2}
 
 
 def test_exact_tenths_are_counted_at_most_their_bin_edge():

@@ -63,7 +63,8 @@ class Evaluation(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Windows(msgspec.Struct, forbid_unknown_fields=True):
-    sizes: list[str] = msgspec.field(default_factory=lambda: ["5m", "1h", "24h"])
+    # The shipped alerts read 15m, 1h and 24h (deploy/prometheus/rules.yml).
+    sizes: list[str] = msgspec.field(default_factory=lambda: ["5m", "15m", "1h", "24h"])
     attribution: str = "30m"   # feedback is accepted this long after the impression ...
     grace: str = "5m"          # ... plus this
     # Explicit judgments (editors) are accepted this long after the impression: by default
@@ -93,6 +94,12 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     start: str = ""             # epoch ms or RFC 3339: when traffic started going to the treatments
 
 
+class Alerts(msgspec.Struct, forbid_unknown_fields=True):
+    # Rankers whose quality alerts page (exported as rankmeter_ranker_info{role="production"});
+    # the others (canaries, A/B treatments) only warn. Empty: every ranker is production.
+    production_rankers: list[str] = []
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     kafka: Kafka = msgspec.field(default_factory=Kafka)
     redis: Redis = msgspec.field(default_factory=Redis)
@@ -101,12 +108,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     windows: Windows = msgspec.field(default_factory=Windows)
     limits: Limits = msgspec.field(default_factory=Limits)
     ab: AB = msgspec.field(default_factory=AB)
+    alerts: Alerts = msgspec.field(default_factory=Alerts)
     log_level: str = "INFO"
 
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "kafka": Kafka, "redis": Redis, "metrics": Metrics, "evaluation": Evaluation,
-    "windows": Windows, "limits": Limits, "ab": AB}
+    "windows": Windows, "limits": Limits, "ab": AB, "alerts": Alerts}
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -52,9 +52,11 @@ class Health:
 
 
 class PipelineCollector:
-    def __init__(self, pipeline: Pipeline, lag: Callable[[], dict[tuple[str, int], int]]) -> None:
+    def __init__(self, pipeline: Pipeline, lag: Callable[[], dict[tuple[str, int], int]],
+                 lag_seconds: Callable[[], dict[tuple[str, int], float]] = dict) -> None:
         self.pipeline = pipeline
         self.lag = lag
+        self.lag_seconds = lag_seconds
 
     def collect(self) -> Iterator[Metric]:
         labels = ["metric", "ranker", "segment", "window", "average"]
@@ -79,7 +81,8 @@ class PipelineCollector:
             "rankmeter_query_quality", "Distribution of the per-query values averaged in "
             "rankmeter_quality{average=\"macro\"}: queries with a value at most `le`.",
             labels=["metric", "ranker", "segment", "window"])
-        for view in self.pipeline.views():
+        views = self.pipeline.views()
+        for view in views:
             base = [view.ranker, view.segment, view.window]
             for metric, counts in view.distributions.items():
                 buckets = list(zip(BIN_EDGES, itertools.accumulate(counts)))
@@ -95,6 +98,7 @@ class PipelineCollector:
                         quality.add_metric(key, num / den)
                 squares.add_metric([metric, *base], s.value_squares)
         yield from (quality, numerator, denominator, squares, queries, distribution)
+        yield self._ranker_info(sorted({v.ranker for v in views}))
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
                                      labels=["stream", "outcome"])
@@ -112,6 +116,12 @@ class PipelineCollector:
         for (topic, partition), n in sorted(self.lag().items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
+        lag_seconds = GaugeMetricFamily("rankmeter_consumer_lag_seconds", "Event time the consumer is behind "
+                                        "on each assigned partition: 0 when caught up, else now minus the "
+                                        "newest record consumed.", labels=["topic", "partition"])
+        for (topic, partition), seconds in sorted(self.lag_seconds().items()):
+            lag_seconds.add_metric([topic, str(partition)], seconds)
+        yield lag_seconds
         yield GaugeMetricFamily("rankmeter_open_queries", "Queries still open for feedback "
                                 "(held in the state store).", value=self.pipeline.open_queries())
         yield GaugeMetricFamily("rankmeter_assigned_partitions", "Partitions this process holds.",
@@ -126,6 +136,15 @@ class PipelineCollector:
                                   "replica had claimed the partition (this one had stalled).",
                                   value=self.pipeline.fenced_total)
         yield from self._experiment()  # last: it returns early without an experiment
+
+    def _ranker_info(self, rankers: list[str]) -> Metric:
+        production = self.pipeline.settings.alerts.production_rankers
+        info = GaugeMetricFamily("rankmeter_ranker_info", "1 per ranker exported; role=\"production\" for "
+                                 "alerts.production_rankers (every ranker when that is empty): their quality "
+                                 "alerts page, the others' warn.", labels=["ranker", "role"])
+        for ranker in rankers:
+            info.add_metric([ranker, "production" if not production or ranker in production else "candidate"], 1)
+        return info
 
     def _interleaving(self) -> Iterator[Metric]:
         labels = ["experiment", "ranker_a", "ranker_b"]
@@ -186,9 +205,10 @@ class PipelineCollector:
 
 class Exporter:
     def __init__(self, pipeline: Pipeline, health: Health,
-                 lag: Callable[[], dict[tuple[str, int], int]]) -> None:
+                 lag: Callable[[], dict[tuple[str, int], int]],
+                 lag_seconds: Callable[[], dict[tuple[str, int], float]] = dict) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(PipelineCollector(pipeline, lag))
+        self.registry.register(PipelineCollector(pipeline, lag, lag_seconds))
         self.batch_duration = Histogram(
             "rankmeter_batch_duration_seconds", "Time to process one poll batch, end to end.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, math.inf),

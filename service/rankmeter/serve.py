@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from rankmeter.clock import EventClock
 from rankmeter.config import Settings
 from rankmeter.exporter import Exporter, Health
 from rankmeter.pipeline import Pipeline
@@ -53,7 +54,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     """Serve until `stop` is set (or SIGTERM/SIGINT when on the main thread).
     `on_start(pipeline, metrics_port)` is called once consuming starts (the demo uses it).
     `rebuild`: partitions whose stored state is lost are rebuilt from the topics instead
-    of refused. `clock` is the wall clock (windows end at its now; tests shift it)."""
+    of refused. `clock` is the wall clock (windows end at its now; tests shift it), or an
+    `EventClock` (history replays: now is the newest record consumed)."""
     stop = stop or threading.Event()
     tune_gc()
     health = Health()
@@ -79,8 +81,18 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     pipeline = Pipeline(settings, store, dead_letter, clock=clock)
     unavailable = store.unavailable
     lag: dict[tuple[str, int], int] = {}
+    newest: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest record timestamp consumed
+
+    def lag_seconds() -> dict[tuple[str, int], float]:
+        """Event time behind, per partition: 0 when caught up, else now minus the newest
+        record consumed (unknown, and left out, until one is)."""
+        now_ms = clock() * 1000
+        return {tp: 0.0 if n == 0 else max(now_ms - newest[tp], 0.0) / 1000
+                for tp, n in lag.items() if tp[1] in pipeline.partitions and (n == 0 or tp in newest)}
+
     # Only partitions held now: the lag is sampled once a second, a rebalance at any time.
-    exporter = Exporter(pipeline, health, lambda: {tp: n for tp, n in lag.items() if tp[1] in pipeline.partitions})
+    exporter = Exporter(pipeline, health, lambda: {tp: n for tp, n in lag.items() if tp[1] in pipeline.partitions},
+                        lag_seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
 
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
@@ -121,6 +133,11 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             _watch_source(source, health)
             if records:
                 started = time.perf_counter()
+                if isinstance(clock, EventClock):
+                    clock.see(records)
+                for r in records:
+                    if r.timestamp > newest.get((r.topic, r.partition), -1):
+                        newest[(r.topic, r.partition)] = r.timestamp
                 try:
                     offsets = pipeline.process(records)
                 except unavailable as e:

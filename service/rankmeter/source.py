@@ -6,6 +6,7 @@ here is the in-process bus of the embedded demo and of unit tests of the pipelin
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
@@ -18,6 +19,7 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]] = []
+    timestamp: int = -1  # the Kafka record timestamp (ms), as kafka-python's ConsumerRecord names it
 
 
 # Called with partition numbers (the topics are co-partitioned): assignment returns the
@@ -68,11 +70,12 @@ class Bus:
         self._on_revoke: OnRevoke | None = None
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: list[tuple[str, bytes]] | None = None) -> None:
+             headers: list[tuple[str, bytes]] | None = None, timestamp_ms: int | None = None) -> None:
         with self._lock:
             log = self.logs.setdefault(topic, [[] for _ in range(self.partitions)])
             p = zlib.crc32(key) % self.partitions if key is not None else 0
-            log[p].append(Record(topic, p, len(log[p]), key, value, headers or []))
+            ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+            log[p].append(Record(topic, p, len(log[p]), key, value, headers or [], ts))
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         self.topics = list(topics)
