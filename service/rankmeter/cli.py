@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--rebuild", action="store_true",
                     help="rebuild partitions whose state Redis lost by re-reading the retained "
                          "topics from the start (without it, such partitions are refused)")
+    sv.add_argument("--event-clock", action="store_true",
+                    help="for history replays (`rankmeter simulate --history`, bench/alert_quality.py): the "
+                         "service's now is the newest Kafka record timestamp consumed, not the wall clock, so "
+                         "windows end where the replayed traffic is however fast it is read")
     sv.set_defaults(run_command=_serve)
 
     sim = commands.add_parser(
@@ -216,7 +220,12 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logs.configure(settings.log_level)
     store, source = _connect(settings, args.create_topics)
-    run(settings, source, store, rebuild=args.rebuild)
+    if args.event_clock:
+        from rankmeter.clock import EventClock
+
+        run(settings, source, store, rebuild=args.rebuild, clock=EventClock())
+    else:
+        run(settings, source, store, rebuild=args.rebuild)
     return 0
 
 
