@@ -1,11 +1,22 @@
-"""Search traffic: queries by Zipf popularity, rankers by a traffic split, clicks from a
-position-based click model driven by the hidden grades, dwell times by grade, some
-add-to-carts and purchases, a share of explicit judgments, duplicates and a little
-disorder in delivery — the shape of a real event pipeline.
+"""Search traffic: users with skewed activity and 30-minute sessions, queries by Zipf
+popularity, rankers by a traffic split, clicks from a click model driven by the hidden
+grades, dwell times by grade, some add-to-carts and purchases, a share of explicit
+judgments, duplicates and a little disorder in delivery — the shape of a real event
+pipeline.
 
-Position-based model (Craswell et al., WSDM 2008; Chuklin et al., Click Models for Web
-Search, 2015): P(click at rank r) = P(examine r) · P(attractive | grade), with
-P(examine r) = 1 / r^0.9.
+Click models (`clicks.py`): position-based (default), cascade or dependent click model.
+Attractiveness P(attractive | true grade) is `ATTRACTIVE`.
+
+Feedback comes later than its impression, as in real logs: a query's first click a
+lognormal delay after it (median 4 s, long tail), each next click after the previous
+click's dwell, an add-to-cart after the dwell, a purchase a lognormal delay after that
+(median 3 min); nothing later than `purchase_cap_s` (default the attribution window,
+30 min) after the impression. `query_events` returns a query's events at once, in
+delivery order; `history.History` delivers them in event-time order.
+
+`Regression`s degrade a ranker for an interval: `ranking` replaces its list, with
+probability `size`, by a noisy one (noise `REGRESSED_NOISE`); `clicks` (a presentation
+problem) multiplies every result's attractiveness by 1 − size and leaves the list alone.
 
 With `interleave=(A, B)` every query is answered by a team-draft interleaving of A's and
 B's lists (Radlinski, Kurup & Joachims, CIKM 2008), carrying brief §2's
@@ -17,13 +28,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from rankmeter.engine import QueryState, evaluate, parse_all, stack
 from rankmeter.simulator.bm25 import Index, Ranker
+from rankmeter.simulator.clicks import CLICK_MODELS
 from rankmeter.simulator.corpus import Corpus, Query
 
 ATTRACTIVE = {0: 0.04, 1: 0.25, 2: 0.55, 3: 0.85}   # P(click | examined, true grade)
@@ -32,9 +44,33 @@ CART = {2: 0.25, 3: 0.45}                            # P(add to cart | click, gr
 PURCHASE = {2: 0.3, 3: 0.5}                          # P(purchase | add to cart, grade)
 TRUTH_MEASURES = ["nDCG@10", "P@10", "AP"]
 
+# Delays, lognormal: (median in seconds, sigma of the log).
+FIRST_CLICK_DELAY = (4.0, 1.0)  # impression -> first click: most within 10 s, a long tail
+NEXT_CLICK_DELAY = (3.0, 0.7)   # back from a document -> the next click
+PURCHASE_DELAY = (180.0, 1.0)   # add to cart -> purchase: minutes
+DWELL_SIGMA = 0.5
+ATTRIBUTION_S = 1800.0          # windows.attribution's default: no feedback later than this
+SESSION_GAP_MS = 30 * 60_000    # a user's queries this far apart start a new session
+K = 10                          # results shown per query
+
 DEFAULT_RANKERS = (Ranker("bm25-tuned", k1=1.2, b=0.75),
                    Ranker("bm25-degraded", k1=0.3, b=0.1, noise=0.35))
-REGRESSED_NOISE = 1.5  # what --regression-at does to the first ranker
+REGRESSED_NOISE = 1.5  # a `ranking` regression's list (what --regression-at does)
+REGRESSION_KINDS = ("ranking", "clicks")
+
+
+class Regression(NamedTuple):
+    """`ranker` is degraded from `start_s` (seconds since the traffic's start) for `duration_s`:
+    kind `ranking` = with probability `size` its list is replaced by a degraded one;
+    kind `clicks` = every result's attractiveness is multiplied by 1 − size."""
+    start_s: float
+    duration_s: float
+    ranker: str
+    kind: str = "ranking"
+    size: float = 1.0
+
+    def active(self, elapsed_s: float) -> bool:
+        return self.start_s <= elapsed_s < self.start_s + self.duration_s
 
 
 def team_draft(a: list[str], b: list[str], k: int, rng: np.random.Generator) -> tuple[list[str], list[int]]:
@@ -71,6 +107,10 @@ class Event(NamedTuple):
     key: str     # the query id: both topics are keyed by it
     value: dict
 
+    @property
+    def timestamp_ms(self) -> int:
+        return self.value["timestamp"]
+
 
 class TruthTally:
     """Running means of the true metrics (from hidden grades) per ranker."""
@@ -80,11 +120,20 @@ class TruthTally:
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
 
-    def add(self, ranker: str, state: QueryState) -> None:
+    def values(self, state: QueryState) -> np.ndarray | None:
+        """The true TRUTH_MEASURES of one query; None without a relevant document (the live
+        service's default leaves such queries out of the quality averages, too)."""
         if state.num_rel == 0:
-            return  # as the live service's default: queries with a relevant document
+            return None
         ratios = evaluate(self.measures, stack([state]))
-        values = np.array([m.values(r)[0] for m, r in ratios.items()])
+        return np.array([m.values(r)[0] for m, r in ratios.items()])
+
+    def add(self, ranker: str, state: QueryState) -> None:
+        self.add_values(ranker, self.values(state))
+
+    def add_values(self, ranker: str, values: np.ndarray | None) -> None:
+        if values is None:
+            return
         self.sums[ranker] = self.sums.get(ranker, 0) + values
         self.counts[ranker] = self.counts.get(ranker, 0) + 1
 
@@ -92,34 +141,85 @@ class TruthTally:
         return {r: dict(zip(TRUTH_MEASURES, (self.sums[r] / self.counts[r]).tolist())) for r in self.sums}
 
 
+class TruthPoint(NamedTuple):
+    timestamp_ms: int
+    ranker: str
+    values: np.ndarray  # TRUTH_MEASURES of the query, from the hidden grades
+
+
+class Users:
+    """A user population with skewed activity: user i is picked with a weight drawn from a
+    lognormal (σ 1.5: a few heavy users, a long tail of occasional ones). A user's queries
+    less than 30 minutes apart form one session; a longer gap starts a new one."""
+
+    def __init__(self, count: int, rng: np.random.Generator, first: int = 0,
+                 session_gap_ms: int = SESSION_GAP_MS) -> None:
+        weights = rng.lognormal(0.0, 1.5, count)
+        self.cumulative = np.cumsum(weights) / weights.sum()
+        self.first, self.gap_ms = first, session_gap_ms
+        self.last_ms: dict[int, int] = {}
+        self.session_start: dict[int, int] = {}
+
+    def visit(self, rng: np.random.Generator, now_ms: int) -> tuple[str, str]:
+        """A user's query at `now_ms` (called in time order): (client_id, session_id)."""
+        i = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.cumulative) - 1)
+        last = self.last_ms.get(i)
+        if last is None or now_ms - last >= self.gap_ms:
+            self.session_start[i] = now_ms
+        self.last_ms[i] = now_ms
+        user = self.first + i
+        # Named by its start: unique across runs, and the same for the same seed and times.
+        return f"u{user}", f"u{user}-{self.session_start[i]}"
+
+
 class Simulator:
     def __init__(self, seed: int = 7, rankers: tuple[Ranker, ...] = DEFAULT_RANKERS,
                  split: float = 0.5, regression_at: float | None = None,
                  judgment_share: float = 0.03, duplicate_share: float = 0.01,
                  disorder: float = 0.05, corpus: Corpus | None = None,
-                 interleave: tuple[str, str] | None = None) -> None:
+                 interleave: tuple[str, str] | None = None, click_model: str = "pbm",
+                 regressions: Sequence[Regression] = (), users: int = 10_000,
+                 purchase_cap_s: float = ATTRIBUTION_S, run_id: str | None = None,
+                 truth_log: bool = False) -> None:
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
         self.interleave: tuple[Ranker, Ranker] | None = None
+        by_name = {r.name: r for r in self.rankers}
         if interleave is not None:
-            by_name = {r.name: r for r in self.rankers}
             unknown = [n for n in interleave if n not in by_name]
             if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
                 raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; "
                                  f"got {','.join(interleave)}")
             self.interleave = (by_name[interleave[0]], by_name[interleave[1]])
             self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
+        if click_model not in CLICK_MODELS:
+            raise ValueError(f"click model {click_model!r}: one of {', '.join(CLICK_MODELS)}")
+        self.click_model = CLICK_MODELS[click_model]
+        self.regressions = list(regressions)
+        if regression_at is not None:  # the old shortcut: the first ranker's list, for good
+            self.regressions.append(Regression(regression_at, math.inf, self.rankers[0].name))
+        for r in self.regressions:
+            check_regression(r, by_name)
         self.split = split
         self.regression_at = regression_at
         self.judgment_share = judgment_share
         self.duplicate_share = duplicate_share
         self.disorder = disorder
+        self.purchase_cap_ms = int(purchase_cap_s * 1000)
         self.rng = np.random.default_rng(seed)
-        self.run_id = os.urandom(3).hex()  # query ids stay unique across runs
+        self.run_id = run_id or os.urandom(3).hex()  # query ids stay unique across runs
+        self.users = Users(users, self.rng)
         self.truth = TruthTally()
+        self.truth_log: list[TruthPoint] | None = [] if truth_log else None
         self._ideal: dict[str, dict[str, int]] = {}
         self._queries = 0
+        self._popularity = np.cumsum(self.corpus.popularity)
+        # Caches that make a query cheap: BM25 scores per (query, k1, b), the list of a
+        # noise-free ranker, the true metrics of a (query, list).
+        self._scores: dict[tuple[str, float, float], tuple[np.ndarray, np.ndarray]] = {}
+        self._top: dict[tuple[str, float, float], list[str]] = {}
+        self._truth_values: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
 
     def true_grades(self, query: Query) -> dict[str, int]:
         """Every document with a positive true grade (they all contain a query term)."""
@@ -132,61 +232,127 @@ class Simulator:
         return grades
 
     def query_events(self, now_ms: int, elapsed_s: float) -> list[Event]:
-        """One answered search and what its user did, in delivery order."""
+        """One answered search and what its user did, in delivery order; the feedback's
+        timestamps are later than `now_ms` (see the module's docstring)."""
+        if self.interleave is not None:
+            return self._interleaved(now_ms, elapsed_s)
+        ranker = self.rankers[0] if self.rng.random() < self.split else self.rankers[1]
+        return self.answer(ranker, now_ms, elapsed_s)
+
+    def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None) -> list[Event]:
+        """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all)."""
+        client, session = (users or self.users).visit(self.rng, now_ms)
+        query = self._sample_query()
+        results = self._search(query, self._regressed(ranker, elapsed_s))
+        return self._events(ranker.name, query, results, [ranker.name] * len(results), {},
+                            now_ms, elapsed_s, client, session)
+
+    def _interleaved(self, now_ms: int, elapsed_s: float) -> list[Event]:
+        assert self.interleave is not None
+        client, session = self.users.visit(self.rng, now_ms)
+        query = self._sample_query()
+        a, b = (self._regressed(r, elapsed_s) for r in self.interleave)
+        results, team_of = team_draft(self._search(query, a), self._search(query, b), K, self.rng)
+        teams = [self.interleave[t].name for t in team_of]
+        extra = {"interleaving": {"experiment": self.experiment, "teams": teams}}
+        return self._events(self.experiment, query, results, teams, extra, now_ms, elapsed_s, client, session)
+
+    def _events(self, name: str, query: Query, results: list[str], teams: list[str], extra: dict,
+                now_ms: int, elapsed_s: float, client: str, session: str) -> list[Event]:
         self._queries += 1
         qid = f"{self.run_id}-{self._queries}"
-        query = self.corpus.sample_query(self.rng)
-        if self.interleave is not None:
-            a, b = (self._regressed(r, elapsed_s) for r in self.interleave)
-            lists = self.index.search(query, a, 10, self.rng), self.index.search(query, b, 10, self.rng)
-            results, team_of = team_draft(*lists, 10, self.rng)
-            name = self.experiment
-            extra = {"interleaving": {"experiment": name, "teams": [self.interleave[t].name for t in team_of]}}
-        else:
-            ranker = self._regressed(self.rankers[0] if self.rng.random() < self.split else self.rankers[1], elapsed_s)
-            results = self.index.search(query, ranker, 10, self.rng)
-            name, extra = ranker.name, {}
         grades = self.true_grades(query)
-        self.truth.add(name, QueryState.from_grades(results, grades, shown_grade=0))
+        self._tally(name, query, results, grades, now_ms)
+        user = {"client_id": client, "session_id": session}
         impression = Event("impressions", qid, {"query_id": qid, "ranker": name, "timestamp": now_ms,
-                                                "results": results, "user_query": query.text, **extra})
-        feedback = list(self._feedback(qid, results, grades, now_ms))
+                                                "results": results, "user_query": query.text, **user, **extra})
+        presentation = {r.ranker: 1.0 - r.size for r in self.regressions
+                        if r.kind == "clicks" and r.active(elapsed_s)}
+        attractive = [ATTRACTIVE[grades.get(doc, 0)] * presentation.get(team, 1.0)
+                      for doc, team in zip(results, teams)]
+        clicks = self.click_model(attractive, self.rng)
+        feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
         return [impression] + feedback
 
+    def _sample_query(self) -> Query:
+        # As Corpus.sample_query (rng.choice with p draws one uniform the same way), faster.
+        i = int(np.searchsorted(self._popularity, self.rng.random(), side="right"))
+        return self.corpus.queries[min(i, len(self.corpus.queries) - 1)]
+
+    def _search(self, query: Query, ranker: Ranker) -> list[str]:
+        """`Index.search(query, ranker, K, rng)`, with the scores cached."""
+        key = (query.text, ranker.k1, ranker.b)
+        if not ranker.noise and key in self._top:
+            return self._top[key]
+        cached = self._scores.get(key)
+        if cached is None:
+            scores = self.index.scores(query, ranker)
+            cached = self._scores[key] = (np.fromiter(scores.keys(), dtype=np.int64),
+                                          np.fromiter(scores.values(), dtype=float))
+        docs, values = cached
+        if not len(docs):
+            return []
+        if ranker.noise:
+            values = values + self.rng.normal(0.0, ranker.noise * values.max(), len(values))
+        documents = self.corpus.documents
+        top = [documents[i].doc_id for i in docs[np.argsort(-values, kind="stable")[:K]]]
+        if not ranker.noise:
+            self._top[key] = top
+        return top
+
+    def _tally(self, name: str, query: Query, results: list[str], grades: dict[str, int], now_ms: int) -> None:
+        key = (query.text, tuple(results))
+        if key in self._truth_values:
+            values = self._truth_values[key]
+        else:
+            if len(self._truth_values) > 200_000:  # noisy lists rarely repeat: keep it bounded
+                self._truth_values.clear()
+            values = self._truth_values[key] = self.truth.values(
+                QueryState.from_grades(results, grades, shown_grade=0))
+        self.truth.add_values(name, values)
+        if self.truth_log is not None and values is not None:
+            self.truth_log.append(TruthPoint(now_ms, name, values))
+
     def _regressed(self, ranker: Ranker, elapsed_s: float) -> Ranker:
-        """--regression-at: from then on the first ranker is degraded (as a team, too)."""
-        if self.regression_at is not None and elapsed_s >= self.regression_at and ranker is self.rankers[0]:
-            return ranker._replace(noise=REGRESSED_NOISE)
+        """A `ranking` regression of this ranker (as a team, too) that is active now."""
+        for r in self.regressions:
+            if r.kind == "ranking" and r.ranker == ranker.name and r.active(elapsed_s):
+                if r.size >= 1.0 or self.rng.random() < r.size:
+                    return ranker._replace(noise=REGRESSED_NOISE)
         return ranker
 
-    def _feedback(self, qid: str, results: list[str], grades: dict[str, int], now_ms: int) -> Iterator[Event]:
-        t = now_ms
+    def _lognormal_ms(self, median_sigma: tuple[float, float]) -> int:
+        median, sigma = median_sigma
+        return int(self.rng.lognormal(math.log(median), sigma) * 1000)
+
+    def _feedback(self, qid: str, results: list[str], grades: dict[str, int], clicks: list[int],
+                  now_ms: int, user: dict[str, str]) -> Iterator[Event]:
+        last = now_ms + self.purchase_cap_ms - 1  # nothing after the attribution window
         n = 0
-        for rank, doc in enumerate(results, start=1):
-            grade = grades.get(doc, 0)
-            if self.rng.random() >= ATTRACTIVE[grade] / rank ** 0.9:
-                continue
-            t += int(self.rng.uniform(1_000, 8_000))
-            dwell = int(self.rng.lognormal(math.log(DWELL_MEDIAN_S[grade]), 0.5) * 1000)
+
+        def event(action: str, doc: str, ts: int, **fields) -> Event:
+            nonlocal n
             n += 1
-            yield from self._maybe_twice(Event("feedback", qid, {"query_id": qid, "action": "click", "doc_id": doc,
-                                                               "position": rank, "dwell_ms": dwell, "timestamp": t,
-                                                               "event_id": f"{qid}.{n}"}))
+            return Event("feedback", qid, {"query_id": qid, "action": action, "doc_id": doc, **fields,
+                                           "timestamp": min(ts, last), "event_id": f"{qid}.{n}", **user})
+
+        t = now_ms
+        dwell = 0
+        for i, rank in enumerate(clicks):
+            doc = results[rank]
+            grade = grades.get(doc, 0)
+            t += self._lognormal_ms(FIRST_CLICK_DELAY) if i == 0 else dwell + self._lognormal_ms(NEXT_CLICK_DELAY)
+            dwell = self._lognormal_ms((DWELL_MEDIAN_S[grade], DWELL_SIGMA))
+            yield from self._maybe_twice(event("click", doc, t, position=rank + 1, dwell_ms=dwell))
             if self.rng.random() < CART.get(grade, 0.0):
-                n += 1
-                yield Event("feedback", qid, {"query_id": qid, "action": "add_to_cart", "doc_id": doc,
-                                              "timestamp": t + dwell, "event_id": f"{qid}.{n}"})
+                yield event("add_to_cart", doc, t + dwell)
                 if self.rng.random() < PURCHASE.get(grade, 0.0):
-                    n += 1
-                    yield Event("feedback", qid, {"query_id": qid, "action": "purchase", "doc_id": doc,
-                                                  "timestamp": t + dwell + 5_000, "event_id": f"{qid}.{n}"})
+                    yield event("purchase", doc, t + dwell + self._lognormal_ms(PURCHASE_DELAY))
         if self.rng.random() < self.judgment_share:  # an editor judges the top five
             for doc in results[:5]:
-                n += 1
-                yield Event("feedback", qid, {"query_id": qid, "action": "judgment", "doc_id": doc,
-                                              "grade": grades.get(doc, 0), "timestamp": t, "event_id": f"{qid}.{n}"})
+                yield event("judgment", doc, t, grade=grades.get(doc, 0))
 
     def _maybe_twice(self, event: Event) -> Iterator[Event]:
         yield event
@@ -217,3 +383,15 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
+
+
+def check_regression(r: Regression, rankers: Collection[str] | None = None) -> None:
+    """ValueError, in one line, for a regression that cannot apply (to one of `rankers`)."""
+    if r.kind not in REGRESSION_KINDS:
+        raise ValueError(f"regression kind {r.kind!r}: one of {', '.join(REGRESSION_KINDS)}")
+    if not 0.0 <= r.size <= 1.0:
+        raise ValueError(f"regression size {r.size:g}: a share between 0 and 1")
+    if not r.duration_s > 0 or r.start_s < 0:
+        raise ValueError(f"regression at {r.start_s:g} s for {r.duration_s:g} s: a start >= 0 and a duration > 0")
+    if rankers is not None and r.ranker not in rankers:
+        raise ValueError(f"regression of ranker {r.ranker!r}: one of {', '.join(rankers)}")
