@@ -23,9 +23,11 @@ order. Every event's timestamp is at most the `until` bound it was delivered und
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TextIO
 
 import numpy as np
 
@@ -160,15 +162,20 @@ class History:
         return self.until(math.inf)
 
     def until(self, t_ms: float) -> Iterator[Event]:
-        """Every not yet delivered event due by `t_ms`, in delivery (≈ event-time) order."""
-        # Events never precede their query, so generating the minutes that start by t_ms
-        # puts every event due by t_ms on the heap before any is taken off.
-        while self._next_ms < self.end_ms and self._next_ms <= t_ms:
+        """Every not yet delivered event due by `t_ms`, in delivery (≈ event-time) order,
+        generated a minute at a time (the heap holds about an attribution window)."""
+        heap = self._heap
+        while True:
+            # Events never precede their query: all those due before the first minute not
+            # yet generated are on the heap.
+            generated = self._next_ms - 1 if self._next_ms < self.end_ms else math.inf
+            bound = min(t_ms, generated)
+            while heap and heap[0][0] <= bound:
+                yield heapq.heappop(heap)[2]
+            if self._next_ms >= self.end_ms or self._next_ms > t_ms:
+                return
             self._generate(self._next_ms, min(self._next_ms + MINUTE_MS, self.end_ms))
             self._next_ms += MINUTE_MS
-        heap = self._heap
-        while heap and heap[0][0] <= t_ms:
-            yield heapq.heappop(heap)[2]
 
     @property
     def done(self) -> bool:
@@ -190,3 +197,33 @@ class History:
                 self._sequence += 1
                 self.events += 1
                 heapq.heappush(self._heap, (due, self._sequence, event))
+
+
+Sender = Callable[[Event], None]  # with a `flush()` attribute
+
+
+def timestamped_kafka_sender(settings) -> Sender:
+    """Sends to the configured topics, keyed by query id, each record's Kafka timestamp its
+    event's timestamp (so topic retention and timestamp lookups follow event time)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers.split(","), linger_ms=50,
+                             batch_size=256 * 1024,
+                             **{k: v for k, v in settings.kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG})
+    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+
+    def send(event: Event) -> None:
+        producer.send(topics[event.stream], key=event.key.encode(), value=json.dumps(event.value).encode(),
+                      timestamp_ms=event.timestamp_ms)
+
+    send.flush = producer.flush  # type: ignore[attr-defined]
+    return send
+
+
+def file_sender(out: TextIO) -> Sender:
+    """One JSON line per event: {"stream": ..., "key": ..., "value": {...}}."""
+    def send(event: Event) -> None:
+        out.write(json.dumps(event._asdict()) + "\n")
+
+    send.flush = out.flush  # type: ignore[attr-defined]
+    return send
