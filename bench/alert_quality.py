@@ -1,0 +1,648 @@
+"""Alert quality on simulated weeks of traffic, measured with the real Prometheus.
+
+    eval "$(scripts/services.sh env)"
+    .venv/bin/python bench/alert_quality.py --seed 11 --days 7
+
+1. **History.** `--days` of event-time traffic with daily and weekly cycles
+   (`simulator/history.py`): `bm25-tuned` at 1,000 queries an hour at its daily peak and
+   `bm25-canary` (the same ranker) at 20, both production rankers. From day 2 on, one
+   regression a day on `bm25-tuned`, 2 hours at a random hour (seeded), alternately
+   nDCG@10 −10 % (a ranking regression whose size is calibrated on the embedded pipeline
+   so that the measured nDCG@10 drops by 10 %) and CTR −5 % (a presentation regression:
+   every result 5 % less attractive).
+2. **Replay.** Through Kafka and `rankmeter serve --event-clock` (Redis state), one
+   minute of event time at a time: produce the minute (Kafka timestamps = event time),
+   wait until the consumer group has committed the end of the topics (the batch is
+   stored and counted by then), scrape /metrics and stamp the scrape with the minute.
+3. **Prometheus.** The scrapes become a TSDB (`promtool tsdb create-blocks-from
+   openmetrics`); the shipped recording rules of deploy/prometheus/rules.yml are
+   backfilled over them (`promtool tsdb create-blocks-from rules`, one pass per level of
+   dependency, as that backfill requires); the real Prometheus serves the result.
+4. **Alerts.** Every alert of the rule file is evaluated over the whole history with
+   Prometheus' own engine (query_range at the rule interval) and `for:` applied as the
+   rule manager applies it (pending from the first evaluation with a result, firing once
+   it has held for `for`).
+5. **Report.** Per alert and ranker: pages outside the regressions (a page that starts
+   more than the largest alert window + its `for:` after a regression ended, or before it
+   began, is false), warnings likewise, and each regression's detection delay (the first
+   page about that ranker starting within the regression or the hour after it). The
+   noise floor: the smallest relative change each rule can flag at the daily peak and
+   trough, from the measured standard errors and the rule file's constants. The last
+   lines are `false_pages_per_week=…`, `missed_regressions=…`, `median_detection_minutes=…`.
+
+Needs Kafka and Redis (RANKMETER_KAFKA_BOOTSTRAP_SERVERS, RANKMETER_REDIS_URL) and the
+`prometheus` and `promtool` binaries. About 10 minutes for 7 days on two cores.
+`tests/integration/test_alert_quality.py` runs a short seeded version in `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from progress import Progress  # noqa: E402  (bench/, beside this script)
+
+from rankmeter import config  # noqa: E402
+from rankmeter.pipeline import Pipeline  # noqa: E402
+from rankmeter.simulator.history import DAY_MS, HOUR_MS, MINUTE_MS, History  # noqa: E402
+from rankmeter.simulator.traffic import Regression  # noqa: E402
+from rankmeter.source import Bus  # noqa: E402
+from rankmeter.store import MemoryStore  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+BIG, CANARY = "bm25-tuned", "bm25-canary"
+QUALITY_ALERTS = ("RankmeterQualityDrop", "RankmeterQualityDropFast", "RankmeterCTRDrop", "RankmeterAbandonmentSpike")
+KEPT_METRICS = {"nDCG@10", "CTR", "Abandonment"}
+KEPT_FAMILIES = {"rankmeter_quality_numerator", "rankmeter_quality_denominator", "rankmeter_quality_squares",
+                 "rankmeter_queries", "rankmeter_events", "rankmeter_ranker_info", "rankmeter_consumer_lag_seconds",
+                 "rankmeter_consumer_lag"}
+STEP_S = 60
+
+
+class Injected(NamedTuple):
+    """A regression as the report names it, with the simulator's regression behind it."""
+    label: str  # "nDCG@10 -10%" or "CTR -5%"
+    start_ms: int
+    end_ms: int
+    regression: Regression
+
+
+class Firing(NamedTuple):
+    alert: str
+    labels: dict[str, str]
+    start_ms: int  # first evaluation at which it fired
+    end_ms: int    # last evaluation at which it still fired
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "")
+
+
+# ---- 1. history ----
+
+def calibrate_ranking_size(drop: float, seed: int) -> tuple[float, float, float]:
+    """The share of degraded lists that lowers the *measured* nDCG@10 (click-derived,
+    macro over judged queries, as the service computes it) by `drop`: measured on the
+    embedded pipeline with no regression and with every list degraded. Returns
+    (size, healthy mean, degraded mean)."""
+    def measure(size: float) -> tuple[float, float]:
+        start = 1_800_000_000_000 - 1_800_000_000_000 % DAY_MS + 18 * HOUR_MS  # around the daily peak
+        regressions = [Regression(0, 10 * 3600, BIG, "ranking", size)] if size else []
+        history = History(start, start + 3 * HOUR_MS, {BIG: 4000}, regressions=regressions, seed=seed,
+                          disorder=0.0)
+        settings = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10"})
+        bus = Bus(partitions=1)
+        topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+        for event in history:
+            bus.send(topics[event.stream], event.key.encode(), json.dumps(event.value).encode(),
+                     timestamp_ms=event.timestamp_ms)
+        pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, clock=lambda: (start + 5 * HOUR_MS) / 1000)
+        bus.subscribe(list(topics.values()), pipeline.assign, pipeline.revoke)
+        while records := bus.poll(0, 20_000):
+            pipeline.process(records)
+        view = next(v for v in pipeline.views() if v.window == "24h" and v.ranker == BIG)
+        sums = view.sums["nDCG@10"]
+        return sums.value_sum / sums.count, view.queries_judged / view.queries_all
+
+    (m0, j0), (m1, j1) = measure(0.0), measure(1.0)
+    target = (1 - drop) * m0
+    if m1 >= target:
+        raise SystemExit(f"a fully degraded ranker measures nDCG@10 {m1:.3f}: it cannot drop {drop:.0%} below {m0:.3f}")
+    # The measured mean with a share p of degraded lists weighs each kind by its judged share.
+    p = j0 * (m0 - target) / (j0 * (m0 - target) + j1 * (target - m1))
+    return p, m0, m1
+
+
+def schedule(days: int, start_ms: int, seed: int, ranking_size: float) -> list[Injected]:
+    """One 2-hour regression a day from day 2 on (days 0 and 1 stay clean), at a seeded
+    random hour, alternately nDCG@10 −10 % and CTR −5 %."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for i, day in enumerate(range(2, days)):
+        begin = start_ms + day * DAY_MS + int(rng.integers(0, 22 * 60)) * MINUTE_MS
+        kind, size, label = (("ranking", ranking_size, "nDCG@10 -10%") if i % 2 == 0
+                             else ("clicks", 0.05, "CTR -5%"))
+        regression = Regression((begin - start_ms) / 1000, 2 * 3600, BIG, kind, size)
+        out.append(Injected(label, begin, begin + 2 * HOUR_MS, regression))
+    return out
+
+
+# ---- 2. replay through Kafka and rankmeter serve ----
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Replay:
+    """`rankmeter serve --event-clock` on private topics, group and Redis prefix."""
+
+    def __init__(self, bootstrap: str, redis_url: str, workdir: Path, run_id: str) -> None:
+        from kafka import KafkaAdminClient, KafkaProducer
+        from kafka.admin import NewTopic
+
+        self.bootstrap, self.redis_url, self.run_id = bootstrap, redis_url, run_id
+        self.topics = {"impressions": f"aq-{run_id}.impressions", "feedback": f"aq-{run_id}.feedback"}
+        self.group, self.prefix, self.port = f"aq-{run_id}", f"aq-{run_id}", free_port()
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="alert-quality")
+        # Kept forever: the history's timestamps are up to a week old (time-based retention would apply).
+        self.admin.create_topics([NewTopic(t, num_partitions=2, replication_factor=1,
+                                           topic_configs={"retention.ms": "-1"})
+                                  for t in [*self.topics.values(), f"aq-{run_id}.dlq"]])
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap.split(","), linger_ms=0, acks=1)
+        self.ends: dict[tuple[str, int], int] = {}
+        env = {**os.environ,
+               "RANKMETER_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "RANKMETER_KAFKA_GROUP_ID": self.group,
+               "RANKMETER_KAFKA_IMPRESSIONS_TOPIC": self.topics["impressions"],
+               "RANKMETER_KAFKA_FEEDBACK_TOPIC": self.topics["feedback"],
+               "RANKMETER_KAFKA_DEAD_LETTER_TOPIC": f"aq-{run_id}.dlq",
+               "RANKMETER_REDIS_URL": redis_url, "RANKMETER_REDIS_KEY_PREFIX": self.prefix,
+               "RANKMETER_METRICS_PORT": str(self.port), "RANKMETER_METRICS_BIND_ADDRESS": "127.0.0.1",
+               "RANKMETER_EVALUATION_MEASURES": "nDCG@10",
+               "RANKMETER_ALERTS_PRODUCTION_RANKERS": f"{BIG},{CANARY}"}
+        self.log = open(workdir / "serve.log", "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "rankmeter", "serve", "--event-clock"],
+                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+        except OSError:
+            return 0, ""
+
+    def _wait_ready(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._get("/readyz")[0] != 200:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"rankmeter serve did not become ready; see {self.log.name}")
+            time.sleep(0.2)
+
+    def send(self, events: Sequence) -> None:
+        futures = [self.producer.send(self.topics[e.stream], key=e.key.encode(), value=json.dumps(e.value).encode(),
+                                      timestamp_ms=e.timestamp_ms) for e in events]
+        self.producer.flush()
+        for f in futures:
+            meta = f.get(timeout=30)
+            key = (meta.topic, meta.partition)
+            self.ends[key] = max(self.ends.get(key, 0), meta.offset + 1)
+
+    def wait_consumed(self, timeout_s: float = 120) -> None:
+        """Until the group has committed the end of every partition written to: serve
+        commits a batch's offsets to Kafka only once its checkpoint is stored and counted."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            committed = {(tp.topic, tp.partition): meta.offset
+                         for tp, meta in self.admin.list_group_offsets(self.group)[self.group].items()}
+            if all(committed.get(tp, 0) >= end for tp, end in self.ends.items()):
+                return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"rankmeter serve stopped consuming; see {self.log.name}")
+            time.sleep(0.003)
+
+    def scrape(self) -> str:
+        status, text = self._get("/metrics")
+        if status != 200:
+            raise SystemExit(f"/metrics answered {status}; see {self.log.name}")
+        return text
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.producer.close()
+        try:
+            self.admin.delete_topics([*self.topics.values(), f"aq-{self.run_id}.dlq"])
+        except Exception:  # noqa: BLE001 (best effort: the topics are private to this run)
+            pass
+        self.admin.close()
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        for key in client.scan_iter(match=f"*{self.prefix}*", count=1000):
+            client.delete(key)
+        self.log.close()
+
+
+class Samples:
+    """Scraped series, kept for the TSDB: (family, type) -> series -> [(t_ms, value)]."""
+
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+        self.series: dict[tuple[str, str], dict[tuple[str, tuple[tuple[str, str], ...]], list]] = {}
+
+    def add(self, text: str, t_ms: int) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        # Only the kept families' lines are parsed: the exposition's histograms are most of it.
+        kept = "\n".join(line for line in text.splitlines()
+                         if line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total") in KEPT_FAMILIES
+                         or line.startswith("#") and line.split(" ", 3)[2:3]
+                         and line.split(" ", 3)[2].removesuffix("_total") in KEPT_FAMILIES)
+        for family in text_string_to_metric_families(kept + "\n"):
+            if family.name.removesuffix("_total") not in KEPT_FAMILIES:
+                continue
+            per = self.series.setdefault((family.name, family.type), {})
+            for s in family.samples:
+                if s.name.endswith("_created") or s.labels.get("metric", "nDCG@10") not in KEPT_METRICS:
+                    continue
+                labels = tuple(sorted({**s.labels, "job": "rankmeter", "instance": self.instance}.items()))
+                per.setdefault((s.name, labels), []).append((t_ms, s.value))
+        # The scrape succeeded: Prometheus would record up = 1.
+        self.series.setdefault(("up", "gauge"), {}).setdefault(
+            ("up", (("instance", self.instance), ("job", "rankmeter"))), []).append((t_ms, 1.0))
+
+    def write_openmetrics(self, path: Path) -> None:
+        def quoted(value: str) -> str:
+            return value.replace("\\", r"\\").replace('"', r'\"').replace("\n", r"\n")
+
+        with open(path, "w") as out:
+            for (family, kind), per in self.series.items():
+                out.write(f"# TYPE {family} {kind}\n")
+                for (name, labels), points in per.items():
+                    head = name + "{" + ",".join(f'{k}="{quoted(v)}"' for k, v in labels) + "}"
+                    out.writelines(f"{head} {v!r} {t / 1000:.3f}\n" for t, v in points)
+            out.write("# EOF\n")
+
+    def values(self, name: str, **labels: str) -> dict[int, float]:
+        """t_ms -> sum over the series of `name` whose labels include these."""
+        out: dict[int, float] = {}
+        for per in self.series.values():
+            for (n, ls), points in per.items():
+                if n == name and all(dict(ls).get(k) == v for k, v in labels.items()):
+                    for t, v in points:
+                        out[t] = out.get(t, 0.0) + v
+        return out
+
+
+def replay(history: History, start_ms: int, end_ms: int, samples: Samples, replay_: Replay) -> None:
+    steps = (end_ms - start_ms) // (STEP_S * 1000)
+    progress = Progress("replayed", steps, "minutes of event time")
+    spent = dict.fromkeys(("generate", "produce", "consume", "scrape"), 0.0)
+    for i in range(1, steps + 1):
+        t = start_ms + i * STEP_S * 1000
+        t0 = time.perf_counter()
+        events = list(history.until(t - 1))  # the minute (t − 1 min, t]: windows end at t's minute
+        t1 = time.perf_counter()
+        if events:
+            replay_.send(events)
+            t2 = time.perf_counter()
+            replay_.wait_consumed()
+        else:
+            t2 = t1
+        t3 = time.perf_counter()
+        samples.add(replay_.scrape(), t)
+        for name, dt in zip(spent, (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)):
+            spent[name] += dt
+        progress(i)
+    print("  replay time: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()), file=sys.stderr, flush=True)
+
+
+# ---- 3. Prometheus over the history ----
+
+class Prometheus:
+    def __init__(self, data: Path, workdir: Path) -> None:
+        self.data, self.workdir = data, workdir
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.port = free_port()
+        config_file = self.workdir / "prometheus.yml"
+        config_file.write_text("global:\n  evaluation_interval: 1m\n")
+        self.log = open(self.workdir / "prometheus.log", "a")
+        self.process = subprocess.Popen(
+            ["prometheus", f"--config.file={config_file}", f"--storage.tsdb.path={self.data}",
+             "--storage.tsdb.retention.time=3650d", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--query.max-samples=200000000"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"prometheus did not start; see {self.workdir / 'prometheus.log'}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+            self.process = None
+            self.log.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def query_range(self, expr: str, start_s: float, end_s: float, step_s: int) -> list[dict]:
+        """Matrix result, in chunks of at most a day (Prometheus caps points per series)."""
+        out: dict[tuple, dict] = {}
+        chunk = 86_400
+        t = start_s
+        while t <= end_s:
+            stop = min(t + chunk - step_s, end_s)
+            query = urllib.parse.urlencode({"query": expr, "start": t, "end": stop, "step": step_s})
+            with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{query}", timeout=600) as r:
+                body = json.load(r)
+            if body["status"] != "success":
+                raise SystemExit(f"query failed: {body}")
+            for series in body["data"]["result"]:
+                key = tuple(sorted(series["metric"].items()))
+                out.setdefault(key, {"metric": series["metric"], "values": []})["values"].extend(series["values"])
+            t = stop + step_s
+        return list(out.values())
+
+
+def rule_levels(groups: Sequence[Mapping]) -> list[list[Mapping]]:
+    """Recording rules by level of dependency: level 0 reads only scraped series, level
+    k reads rules of levels below k (the rules backfill cannot see rules of its own pass)."""
+    rules = [r for g in groups for r in g["rules"] if "record" in r]
+    names = {r["record"] for r in rules}
+    level: dict[str, int] = {}
+
+    def of(rule: Mapping) -> int:
+        if rule["record"] not in level:
+            used = {n for n in names if re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", rule["expr"])}
+            used.discard(rule["record"])
+            level[rule["record"]] = 1 + max((of(by_name[n]) for n in used), default=-1)
+        return level[rule["record"]]
+
+    by_name = {r["record"]: r for r in rules}
+    levels: list[list[Mapping]] = []
+    for rule in rules:
+        k = of(rule)
+        levels.extend([] for _ in range(k + 1 - len(levels)))
+        levels[k].append(rule)
+    return levels
+
+
+def backfill(samples: Samples, rules: Mapping, start_ms: int, end_ms: int, workdir: Path) -> Prometheus:
+    data = workdir / "tsdb"
+    scraped = workdir / "scraped.om"
+    samples.write_openmetrics(scraped)
+    run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(scraped), str(data)])
+    prometheus = Prometheus(data, workdir)
+    interval = min(duration_s(g.get("interval", "1m")) for g in rules["groups"])
+    for k, level in enumerate(rule_levels(rules["groups"])):
+        prometheus.start()
+        level_file, out = workdir / f"rules-level-{k}.yml", workdir / f"rules-level-{k}"
+        level_file.write_text(yaml.safe_dump({"groups": [{"name": f"level-{k}", "interval": f"{interval}s",
+                                                          "rules": level}]}))
+        run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={start_ms // 1000}",
+             f"--end={end_ms // 1000}", f"--url={prometheus.url}", f"--output-dir={out}",
+             f"--eval-interval={interval}s", str(level_file)])
+        prometheus.stop()
+        for block in out.iterdir():
+            shutil.move(str(block), data / block.name)
+        print(f"  recording rules, level {k}: {len(level)} backfilled", file=sys.stderr, flush=True)
+    prometheus.start()
+    return prometheus
+
+
+def run(command: list[str]) -> None:
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])} failed: {out.stderr.strip()[-2000:]}")
+
+
+def duration_s(text: str) -> int:
+    return config.duration_ms(str(text)) // 1000
+
+
+# ---- 4. alerts ----
+
+def evaluate_alerts(prometheus: Prometheus, rules: Mapping, start_ms: int, end_ms: int) -> list[Firing]:
+    """Each alert over the history, as the rule manager would have fired it: an alert is
+    pending from the first evaluation with a result and fires once it has held for `for`."""
+    interval = min(duration_s(g.get("interval", "1m")) for g in rules["groups"])
+    firings: list[Firing] = []
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            hold_ms = duration_s(rule.get("for", "0s")) * 1000
+            for series in prometheus.query_range(rule["expr"], start_ms / 1000, end_ms / 1000, interval):
+                labels = {**{k: v for k, v in series["metric"].items() if k != "__name__"},
+                          **{k: str(v) for k, v in rule.get("labels", {}).items()}}
+                firings.extend(Firing(rule["alert"], labels, a, b)
+                               for a, b in hold(sorted(int(t * 1000) for t, _ in series["values"]),
+                                                interval * 1000, hold_ms))
+    return firings
+
+
+def hold(times: Sequence[int], interval_ms: int, hold_ms: int) -> Iterator[tuple[int, int]]:
+    """Firing intervals from the evaluation times at which the expression had a result:
+    a run of consecutive evaluations fires from its first time + `hold_ms` on."""
+    run_start = previous = None
+    for t in [*times, None]:
+        if t is not None and previous is not None and t - previous <= interval_ms:
+            previous = t
+            continue
+        if run_start is not None and previous - run_start >= hold_ms:
+            yield run_start + hold_ms, previous
+        run_start = previous = t
+
+
+# ---- 5. report ----
+
+def score(firings: Sequence[Firing], injected: Sequence[Injected], grace_ms: int
+          ) -> tuple[list[Firing], list[Firing], dict[Injected, int | None]]:
+    """(false pages, false warnings, detection delay per regression in ms or None)."""
+    def explained(f: Firing) -> bool:
+        return any(f.labels.get("ranker") == r.regression.ranker and r.start_ms <= f.start_ms <= r.end_ms + grace_ms
+                   for r in injected)
+
+    false_pages = [f for f in firings if f.severity == "page" and not explained(f)]
+    false_warnings = [f for f in firings if f.severity != "page" and not explained(f)]
+    delays: dict[Injected, int | None] = {}
+    for r in injected:
+        starts = [f.start_ms for f in firings if f.alert in QUALITY_ALERTS and f.severity == "page"
+                  and f.labels.get("ranker") == r.regression.ranker and r.start_ms <= f.start_ms <= r.end_ms + grace_ms]
+        delays[r] = min(starts) - r.start_ms if starts else None
+    return false_pages, false_warnings, delays
+
+
+def constants(rules: Mapping) -> dict[str, float]:
+    """The rule file's tunable constants: recording rules whose expression is vector(N)."""
+    out = {}
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            m = re.fullmatch(r"\s*vector\(\s*([0-9.eE+-]+)\s*\)\s*", str(r.get("expr", "")))
+            if "record" in r and m:
+                out[r["record"]] = float(m[1])
+    return out
+
+
+def noise_floor(samples: Samples, rules: Mapping, start_ms: int) -> list[str]:
+    """The smallest relative change of each alerted metric the rules can flag for the big
+    ranker, at the daily peak and trough of the last day: max(margin, z × standard error
+    / mean) with the measured 1h and 15m standard errors (the baseline's own error left
+    out, so the true floor is a little higher)."""
+    c = constants(rules)
+    z = next((v for k, v in c.items() if "z_score" in k), float("nan"))
+    margin = next((v for k, v in c.items() if "margin" in k), float("nan"))
+    min_samples = next((v for k, v in c.items() if "min_samples" in k), float("nan"))
+    lines = []
+    for metric, windows in (("nDCG@10", ("15m", "1h")), ("CTR", ("1h",)), ("Abandonment", ("1h",))):
+        for window in windows:
+            s1 = samples.values("rankmeter_quality_numerator", metric=metric, ranker=BIG, window=window, average="macro")
+            n = samples.values("rankmeter_quality_denominator", metric=metric, ranker=BIG, window=window, average="macro")
+            s2 = samples.values("rankmeter_quality_squares", metric=metric, ranker=BIG, window=window)
+            last_day = [t for t in n if t >= max(n) - DAY_MS and n[t] > 0]
+            if not last_day:
+                continue
+            for name, t in (("peak", max(last_day, key=lambda t: n[t])), ("trough", min(last_day, key=lambda t: n[t]))):
+                mean = s1[t] / n[t]
+                se = math.sqrt(max(s2[t] / n[t] - mean ** 2, 0.0) / n[t])
+                floor = max(margin, z * se / mean)
+                guard = "" if n[t] >= min_samples else f" (below the {min_samples:.0f}-query guard: silent)"
+                lines.append(f"  {metric:<12} {window:>4} at the {name:<6}: {n[t]:>5.0f} queries, mean {mean:.4f}, "
+                             f"se {se:.4f} -> smallest change flagged {floor:.1%}{guard}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--days", type=float, default=7.0, help="days of event time (default 7)")
+    parser.add_argument("--peak", type=float, default=1000.0, help="the big ranker's queries/hour at the peak")
+    parser.add_argument("--canary-peak", type=float, default=20.0, help="the canary's queries/hour at the peak")
+    parser.add_argument("--keep", metavar="DIR", help="keep the scrapes, TSDB and logs here")
+    args = parser.parse_args(argv)
+    bootstrap = os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS")
+    redis_url = os.environ.get("RANKMETER_REDIS_URL")
+    if not bootstrap or not redis_url:
+        raise SystemExit("set RANKMETER_KAFKA_BOOTSTRAP_SERVERS and RANKMETER_REDIS_URL "
+                         "(eval \"$(scripts/services.sh env)\")")
+    result = measure(args.seed, args.days, args.peak, args.canary_peak, bootstrap, redis_url,
+                     Path(args.keep) if args.keep else None)
+    print("\n".join(result.lines))
+    return 0
+
+
+class Result(NamedTuple):
+    lines: list[str]
+    false_pages: list[Firing]
+    delays: dict[Injected, int | None]
+    firings: list[Firing]
+    injected: list[Injected]
+
+
+def measure(seed: int, days: float, peak: float, canary_peak: float, bootstrap: str, redis_url: str,
+            keep: Path | None = None, plan: Callable[[int], Sequence[Injected]] | None = None) -> Result:
+    """The whole measurement; `plan(start_ms)` gives the regressions (default `schedule`)."""
+    rules = yaml.safe_load(RULES.read_text())
+    workdir = keep or Path(tempfile.mkdtemp(prefix="alert-quality-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    # The history ends at the last whole minute before now (Prometheus keeps it; Kafka takes its timestamps).
+    end_ms = int(time.time() * 1000) // MINUTE_MS * MINUTE_MS - 10 * MINUTE_MS
+    start_ms = end_ms - int(days * DAY_MS) // MINUTE_MS * MINUTE_MS
+    if plan is not None:
+        injected = list(plan(start_ms))
+    else:
+        size, healthy, degraded = calibrate_ranking_size(0.10, seed)
+        print(f"  calibration: measured nDCG@10 {healthy:.4f} healthy, {degraded:.4f} fully degraded: "
+              f"{size:.3f} of lists degraded for -10%", file=sys.stderr, flush=True)
+        injected = schedule(int(days), start_ms, seed, size)
+    history = History(start_ms, end_ms, {BIG: peak, CANARY: canary_peak},
+                      regressions=[r.regression for r in injected], seed=seed, run_id=f"s{seed}")
+    run_id = f"{seed}-{os.getpid()}-{int(time.time())}"
+    replayer = Replay(bootstrap, redis_url, workdir, run_id)
+    samples = Samples(f"127.0.0.1:{replayer.port}")
+    try:
+        replay(history, start_ms, end_ms, samples, replayer)
+    finally:
+        replayer.close()
+    replayed_s = time.monotonic() - t0
+    prometheus = backfill(samples, rules, start_ms, end_ms, workdir)
+    try:
+        firings = evaluate_alerts(prometheus, rules, start_ms, end_ms)
+    finally:
+        prometheus.stop()
+    grace_ms = max(duration_s(r.get("for", "0s")) for g in rules["groups"] for r in g["rules"] if "alert" in r) * 1000
+    false_pages, false_warnings, delays = score(firings, injected, HOUR_MS + grace_ms)
+    lines = report(rules, samples, start_ms, days, injected, firings, false_pages, false_warnings, delays,
+                   history, replayed_s, time.monotonic() - t0)
+    if keep is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return Result(lines, false_pages, delays, firings, list(injected))
+
+
+def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injected: Sequence[Injected],
+           firings: Sequence[Firing], false_pages: Sequence[Firing], false_warnings: Sequence[Firing],
+           delays: Mapping[Injected, int | None], history: History, replayed_s: float, total_s: float) -> list[str]:
+    def when(t_ms: int) -> str:
+        return f"day {(t_ms - start_ms) // DAY_MS} {time.strftime('%H:%M', time.gmtime(t_ms / 1000))}"
+
+    lines = [f"# Alert quality: {days:g} days, {history.queries:,} queries, {history.events:,} events "
+             f"(replayed in {replayed_s:.0f} s, {total_s:.0f} s in all)", "",
+             "Regressions on " + BIG + ":"]
+    for r in injected:
+        d = delays[r]
+        lines.append(f"  {r.label:<13} {when(r.start_ms)} for 2 h: "
+                     + (f"detected after {d / 60_000:.0f} min" if d is not None else "MISSED"))
+    lines += ["", "Alerts that fired (ranker: count, severity):"]
+    names = sorted({f.alert for f in firings})
+    for name in names:
+        mine = [f for f in firings if f.alert == name]
+        by = {}
+        for f in mine:
+            by.setdefault((f.labels.get("ranker", "-"), f.severity), []).append(f)
+        lines.append(f"  {name}: " + ", ".join(f"{ranker}: {len(fs)} {sev}" for (ranker, sev), fs in sorted(by.items())))
+    if not names:
+        lines.append("  none")
+    lines += ["", f"False pages (outside the regressions and the {HOUR_MS // 60_000} min after them):"]
+    lines += [f"  {f.alert} {f.labels.get('ranker', '')} at {when(f.start_ms)} for "
+              f"{(f.end_ms - f.start_ms) / 60_000 + 1:.0f} min" for f in false_pages] or ["  none"]
+    lines += [f"False warnings: {len(false_warnings)}"]
+    lines += ["", "Noise floor (the rules' constants against the measured standard errors):"]
+    lines += noise_floor(samples, rules, start_ms)
+    detected = [d / 60_000 for d in delays.values() if d is not None]
+    by_kind = {}
+    for r, d in delays.items():
+        by_kind.setdefault(r.label, []).append(d)
+    lines.append("")
+    for label, ds in sorted(by_kind.items()):
+        found = [d / 60_000 for d in ds if d is not None]
+        lines.append(f"{label}: {len(found)} of {len(ds)} detected"
+                     + (f", median {statistics.median(found):.0f} min" if found else ""))
+    lines += [f"false_pages_per_week={len(false_pages) * 7 / days:.2f}",
+              f"missed_regressions={sum(d is None for d in delays.values())}",
+              f"median_detection_minutes={statistics.median(detected):.1f}" if detected
+              else "median_detection_minutes=nan"]
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
