@@ -104,8 +104,9 @@ def _parser() -> argparse.ArgumentParser:
         "history", "--history generates event time, not live traffic: --rate, --duration, --count "
                    "and --split do not apply, --interleave and --regression-at are refused.")
     hist.add_argument("--history", type=_span, metavar="SPAN",
-                      help="the last SPAN of event time ending now (e.g. 7d, 36h), as fast as possible, "
-                           "each record's Kafka timestamp its event's")
+                      help="the last SPAN of event time ending now (e.g. 6d, 36h), as fast as possible, "
+                           "each record's Kafka timestamp its event's; the service takes events up to "
+                           "windows.max_past (7d) old")
     hist.add_argument("--peak", action="append", type=_peak, default=[], metavar="RANKER=QUERIES_PER_HOUR",
                       help="a ranker and its queries per hour at the daily peak (20:00 UTC on a weekday; "
                            "04:00 has 25%%, weekends 80%%); repeatable; default bm25-tuned=500 "

@@ -134,6 +134,7 @@ class History:
             self.users[name] = Users(count, rng, first=first)
             first += count
         self.disorder = disorder
+        self._delivery_rng = np.random.default_rng([seed, 1])  # disorder leaves the traffic as it is
         self.queries = 0
         self.events = 0
         self._next_ms = start_ms  # the start of the next minute to generate
@@ -192,8 +193,8 @@ class History:
             self.queries += 1
             for event in sim.answer(self.rankers[name], t, (t - self.start_ms) / 1000, self.users[name]):
                 due = event.timestamp_ms
-                if self.disorder and rng.random() < self.disorder:
-                    due += int(rng.integers(1, MAX_DISORDER_MS))
+                if self.disorder and self._delivery_rng.random() < self.disorder:
+                    due += int(self._delivery_rng.integers(1, MAX_DISORDER_MS))
                 self._sequence += 1
                 self.events += 1
                 heapq.heappush(self._heap, (due, self._sequence, event))
