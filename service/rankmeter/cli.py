@@ -121,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
                     "and RANKMETER_REDIS_URL are set. Ctrl-C stops.")
     dm.add_argument("--config", metavar="FILE", help="YAML settings file")
     _traffic_options(dm, rate=500.0)
+    dm.add_argument("--speed", type=float, default=60.0, metavar="X",
+                    help="event time runs X times faster than the wall clock, from a day back until it "
+                         "reaches now (default 60: a second shows a minute of traffic; 1: real time)")
     dm.set_defaults(run_command=_demo)
 
     rp = commands.add_parser(
@@ -295,7 +298,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from rankmeter import logs
     from rankmeter.demo import kafka_sender
     from rankmeter.kafka_source import create_topics
-    from rankmeter.simulator.history import file_sender, timestamped_kafka_sender
+    from rankmeter.simulator.history import file_sender
     from rankmeter.simulator.traffic import Simulator
 
     settings = _settings(args)
@@ -319,7 +322,7 @@ def _simulate(args: argparse.Namespace) -> int:
         with _reaching(settings):
             if args.create_topics:
                 create_topics(settings.kafka, args.create_topics)
-            send = timestamped_kafka_sender(settings) if args.history is not None else kafka_sender(settings)
+            send = kafka_sender(settings, event_timestamps=args.history is not None)
     if args.history is not None:
         summary = _send_history(traffic, send, settings, log)
     else:
@@ -398,8 +401,10 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         source, store, send = embedded(settings)
         mode = "embedded (in-process bus, in-memory store)"
+    if not args.speed >= 1:
+        raise UsageError(f"--speed {args.speed:g}: at least 1 (real time)")
     demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed,
-         interleave=args.interleave)
+         interleave=args.interleave, speed=args.speed)
     return 0
 
 

@@ -203,24 +203,6 @@ class History:
 Sender = Callable[[Event], None]  # with a `flush()` attribute
 
 
-def timestamped_kafka_sender(settings) -> Sender:
-    """Sends to the configured topics, keyed by query id, each record's Kafka timestamp its
-    event's timestamp (so topic retention and timestamp lookups follow event time)."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers.split(","), linger_ms=50,
-                             batch_size=256 * 1024,
-                             **{k: v for k, v in settings.kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG})
-    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
-
-    def send(event: Event) -> None:
-        producer.send(topics[event.stream], key=event.key.encode(), value=json.dumps(event.value).encode(),
-                      timestamp_ms=event.timestamp_ms)
-
-    send.flush = producer.flush  # type: ignore[attr-defined]
-    return send
-
-
 def file_sender(out: TextIO) -> Sender:
     """One JSON line per event: {"stream": ..., "key": ..., "value": {...}}."""
     def send(event: Event) -> None:

@@ -362,10 +362,12 @@ class Simulator:
     def run(self, send: Callable[[Event], None], rate: float, duration: float | None = None,
             count: int | None = None, stop: Callable[[], bool] = lambda: False,
             clock: Callable[[], float] = time.time,
-            progress: Callable[[int, float], None] | None = None) -> int:
+            progress: Callable[[int, float], None] | None = None,
+            event_time: Callable[[float], int] | None = None) -> int:
         """Send events at about `rate` per second until `duration` seconds or `count`
         events have passed, or `stop()` says so; `progress(sent, elapsed)` every 10 s.
-        Returns the number sent."""
+        `event_time(elapsed)` stamps the queries (default: the clock's now, in ms; the
+        demo runs event time faster). Returns the number sent."""
         start = clock()
         sent = 0
         reported = start
@@ -373,7 +375,8 @@ class Simulator:
             elapsed = clock() - start
             if (duration is not None and elapsed >= duration) or (count is not None and sent >= count):
                 break
-            for event in self.query_events(int(clock() * 1000), elapsed):
+            now_ms = int(clock() * 1000) if event_time is None else event_time(elapsed)
+            for event in self.query_events(now_ms, elapsed):
                 send(event)
                 sent += 1
             if progress is not None and clock() - reported >= 10:
