@@ -69,8 +69,8 @@ def conditions(views: Iterable[WindowView], rules: Iterable[Rule] = RULES) -> li
     for rule in rules:
         for ranker in sorted({r for r, _, _ in moments}):
             now, day = moments.get((ranker, rule.window, rule.metric)), moments.get((ranker, "24h", rule.metric))
-            if now is None or day is None or now.count <= 0 or day.count - now.count <= 0:
-                continue
+            if now is None or day is None or now.count <= 0 or day.count - now.count < MIN_SAMPLES:
+                continue  # a rest of the day on fewer queries than an alert needs is no baseline
             rest = Moments(day.total - now.total, day.count - now.count, day.squares - now.squares)
             (value, error), (baseline, baseline_error) = now.mean_and_error(), rest.mean_and_error()
             band = max(MARGIN * baseline, Z_SCORE * math.hypot(error, baseline_error))
