@@ -46,17 +46,28 @@ def view(window: str, values: list[float], ranker: str = "r", segment: str = "")
 
 
 def fast(found):
-    return next(c for c in found if c.rule.alert == "RankmeterQualityDropFast")
+    return [c for c in found if c.rule.alert == "RankmeterQualityDropFast"]
+
+
+def with_history(hours: float, values: list[float], step_s: float = 60.0) -> alerts.Evaluator:
+    """An evaluator that has seen the 15m window at `values` every minute for `hours`."""
+    evaluator = alerts.Evaluator()
+    for i in range(int(hours * 3600 / step_s) + 1):
+        evaluator.conditions([view("15m", values)], i * step_s)
+    return evaluator
 
 
 def test_the_bound_is_the_larger_of_the_margin_and_z_standard_errors():
-    day = [0.8, 0.9] * 400                      # the rest of the day: mean 0.85, sd 0.05
+    usual = [0.8, 0.9] * 200                     # mean 0.85, sd 0.05, 400 queries
     for now, margin_binds in (([0.78, 0.82] * 60, True), ([0.0, 1.6] * 60, False)):
-        found = alerts.conditions([view("15m", now), view("24h", day + now)])
-        c = fast(found)
+        evaluator = with_history(3, usual)
+        [c] = fast(evaluator.conditions([view("15m", now)], 3 * 3600 + 60))
         mean, n = 0.8, len(now)
         sd = math.sqrt(sum((v - mean) ** 2 for v in now) / n)
-        z_band = alerts.Z_SCORE * math.hypot(sd / math.sqrt(n), 0.05 / math.sqrt(len(day)))
+        # The baseline: the median of the last day's values (the new one among them), its
+        # error 1.25 × their median error / sqrt(3 hours of history).
+        baseline_error = 1.25 * (0.05 / math.sqrt(400)) / math.sqrt(3 + 1 / 60)
+        z_band = alerts.Z_SCORE * math.hypot(sd / math.sqrt(n), baseline_error)
         assert c.baseline == pytest.approx(0.85)
         assert c.bound == pytest.approx(0.85 - max(alerts.MARGIN * 0.85, z_band))
         assert (alerts.MARGIN * 0.85 > z_band) == margin_binds
@@ -64,29 +75,38 @@ def test_the_bound_is_the_larger_of_the_margin_and_z_standard_errors():
 
 
 def test_just_past_the_bound_holds_just_short_does_not_and_few_queries_never():
-    day = [0.85] * 800
+    usual = [0.85] * 400
     # With no spread the bound is the margin's: 0.85 × 0.95 = 0.8075.
-    below, above = [0.807] * 100, [0.808] * 100
-    assert fast(alerts.conditions([view("15m", below), view("24h", day + below)])).holds
-    assert not fast(alerts.conditions([view("15m", above), view("24h", day + above)])).holds
-    few = [0.1] * 99  # far below, on one query too few
-    assert not fast(alerts.conditions([view("15m", few), view("24h", day + few)])).holds
+    for now, holds in (([0.807] * 100, True), ([0.808] * 100, False), ([0.1] * 99, False)):
+        [c] = fast(with_history(3, usual).conditions([view("15m", now)], 3 * 3600 + 60))
+        assert c.holds == holds
     # Segments are summed: two halves of 50 queries are 100.
-    halves = [view("15m", [0.807] * 50, segment="a"), view("15m", [0.807] * 50, segment="b"),
-              view("24h", day + below)]
-    assert fast(alerts.conditions(halves)).holds
-    # A rest of the day on fewer queries than an alert needs is no baseline.
-    assert not [c for c in alerts.conditions([view("15m", below), view("24h", [0.85] * 99 + below)])
-                if c.rule.alert == "RankmeterQualityDropFast"]
+    halves = [view("15m", [0.807] * 50, segment="a"), view("15m", [0.807] * 50, segment="b")]
+    assert fast(with_history(3, usual).conditions(halves, 3 * 3600 + 60))[0].holds
+
+
+def test_no_baseline_before_an_hour_of_history_and_a_day_at_most():
+    usual = [0.85] * 400
+    assert fast(with_history(58 / 60, usual).conditions([view("15m", [0.5] * 100)], 59 * 60)) == []
+    assert fast(with_history(59 / 60, usual).conditions([view("15m", [0.5] * 100)], 60 * 60))[0].holds
+    # Two bad hours within the day do not move the median; values older than a day are gone.
+    evaluator = with_history(22, usual)
+    for i in range(1, 121):
+        evaluator.conditions([view("15m", [0.5] * 400)], 22 * 3600 + i * 60)
+    [c] = fast(evaluator.conditions([view("15m", [0.5] * 400)], 24 * 3600 + 60))
+    assert c.baseline == pytest.approx(0.85)
+    later = 24 * 3600 + 60 + 23 * 3600  # the good hours have left the day
+    [c] = fast(evaluator.conditions([view("15m", [0.5] * 400)], later))
+    assert c.baseline == pytest.approx(0.5)
 
 
 def test_pending_until_the_rules_for_then_firing_and_gone_when_it_stops_holding():
-    day, bad = [0.85] * 800, [0.5] * 100
-    holding = alerts.conditions([view("15m", bad), view("24h", day + bad)])
-    quiet = alerts.conditions([view("15m", day[:100]), view("24h", day + day[:100])])
-    watch = alerts.Watch()
-    states = [(t, [(c.rule.alert, s) for c, s in watch.update(holding, t)]) for t in (0, 60, 299)]
-    assert all(s == [("RankmeterQualityDropFast", "pending")] for _, s in states)
-    assert [(c.rule.alert, s) for c, s in watch.update(holding, 300)] == [("RankmeterQualityDropFast", "firing")]
-    assert watch.update(quiet, 360) == []
-    assert [s for _, s in watch.update(holding, 420)] == ["pending"]  # held anew from 420
+    usual, bad = [0.85] * 400, [0.5] * 100
+    evaluator = with_history(3, usual)
+    t0 = 3 * 3600 + 60
+    states = [[(c.rule.alert, s) for c, s in evaluator.update([view("15m", bad)], t0 + dt)] for dt in (0, 60, 240)]
+    assert all(s == [("RankmeterQualityDropFast", "pending")] for s in states)
+    assert [(c.rule.alert, s) for c, s in evaluator.update([view("15m", bad)], t0 + 300)] == [
+        ("RankmeterQualityDropFast", "firing")]
+    assert evaluator.update([view("15m", usual)], t0 + 360) == []
+    assert [s for _, s in evaluator.update([view("15m", bad)], t0 + 420)] == ["pending"]  # held anew

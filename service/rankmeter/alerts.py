@@ -1,18 +1,24 @@
 """The quality alerts of deploy/prometheus/rules.yml, evaluated by rankmeter itself on the
 pipeline's windows: what `rankmeter demo` shows, with no Prometheus at hand.
 
-Same definitions as the rule file (tests/test_prometheus_rules.py checks the constants and
-the rules against it): a metric's mean over the alert's window against a baseline, beyond
+Same definitions as the rule file (tests/test_alerts.py checks the constants and rules
+against it): a metric's mean over the alert's window against a baseline, beyond
 max(margin × baseline, z × the standard error of the difference), with at least
-MIN_SAMPLES queries averaged in the window, held for the rule's `for:`. The baseline is the
-rule file's fallback, the rest of the day (the 24h window minus the alert's own window):
-the median of the same hour on earlier days, which the rule file prefers, needs days of
-history that a demo does not have.
+MIN_SAMPLES queries averaged in the window, held for the rule's `for:`. The baseline is
+the rule file's for a service without days of history (a demo): the median of the
+window's own values over the last day, once it has an hour of them. Measured live like
+the window it is compared with, it carries the same missing recent clicks (a window
+ending now holds queries whose clicks are still to come), and a 2-hour incident barely
+moves a day's median. Its standard error: 1.25 × the median standard error over
+sqrt(hours of history, at most 24) — one independent value an hour. (The rule file
+prefers the median of the same time of day over earlier days, which a demo lacks.)
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -21,6 +27,8 @@ from rankmeter.windows import WindowView
 Z_SCORE = 4.0        # rankmeter:alert_z_score:threshold
 MARGIN = 0.05        # rankmeter:quality_drop_margin:ratio
 MIN_SAMPLES = 100.0  # rankmeter:alert_min_samples:count
+DAY_S = 86_400.0
+HOUR_S = 3_600.0
 
 
 class Rule(NamedTuple):
@@ -47,51 +55,62 @@ class Condition(NamedTuple):
     holds: bool
 
 
-class Moments(NamedTuple):
-    total: float    # Σ value
-    count: float    # queries averaged
-    squares: float  # Σ value²
-
-    def mean_and_error(self) -> tuple[float, float]:
-        mean = self.total / self.count
-        return mean, math.sqrt(max(self.squares / self.count - mean ** 2, 0.0) / self.count)
-
-
-def conditions(views: Iterable[WindowView], rules: Iterable[Rule] = RULES) -> list[Condition]:
-    """Every rule for every ranker with data in the rule's window and the rest of its day."""
-    moments: dict[tuple[str, str, str], Moments] = {}
-    for v in views:  # summed over segments, as the rule file's `sum by (metric, ranker, window)`
+def window_means(views: Iterable[WindowView]) -> dict[tuple[str, str, str], tuple[float, float, float]]:
+    """(ranker, window, metric) -> (mean, standard error, queries averaged), summed over
+    segments as the rule file's `sum by (metric, ranker, window)`."""
+    sums: dict[tuple[str, str, str], tuple[float, float, float]] = {}
+    for v in views:
         for metric, s in v.sums.items():
-            key = (v.ranker, v.window, metric)
-            m = moments.get(key, Moments(0.0, 0.0, 0.0))
-            moments[key] = Moments(m.total + s.value_sum, m.count + s.count, m.squares + s.value_squares)
-    out = []
-    for rule in rules:
-        for ranker in sorted({r for r, _, _ in moments}):
-            now, day = moments.get((ranker, rule.window, rule.metric)), moments.get((ranker, "24h", rule.metric))
-            if now is None or day is None or now.count <= 0 or day.count - now.count < MIN_SAMPLES:
-                continue  # a rest of the day on fewer queries than an alert needs is no baseline
-            rest = Moments(day.total - now.total, day.count - now.count, day.squares - now.squares)
-            (value, error), (baseline, baseline_error) = now.mean_and_error(), rest.mean_and_error()
-            band = max(MARGIN * baseline, Z_SCORE * math.hypot(error, baseline_error))
-            bound = baseline + band if rule.rise else baseline - band
-            beyond = value > bound if rule.rise else value < bound
-            out.append(Condition(rule, ranker, value, baseline, bound, now.count, beyond and now.count >= MIN_SAMPLES))
+            total, count, squares = sums.get((v.ranker, v.window, metric), (0.0, 0.0, 0.0))
+            sums[(v.ranker, v.window, metric)] = (total + s.value_sum, count + s.count, squares + s.value_squares)
+    out = {}
+    for key, (total, count, squares) in sums.items():
+        if count > 0:
+            mean = total / count
+            out[key] = (mean, math.sqrt(max(squares / count - mean ** 2, 0.0) / count), count)
     return out
 
 
-class Watch:
-    """Pending and firing as Prometheus' rule manager has them: pending from the first
-    evaluation at which a condition holds, firing once it has held for the rule's `for:`,
-    gone at the first evaluation at which it does not."""
+class Evaluator:
+    """Evaluates RULES at each call, as Prometheus evaluates the rule group: keeps each
+    window's values over the last day (the baseline) and each alert's pending time."""
 
-    def __init__(self) -> None:
+    def __init__(self, rules: Iterable[Rule] = RULES) -> None:
+        self.rules = tuple(rules)
+        self.history: dict[tuple[str, str, str], deque[tuple[float, float, float]]] = {}
         self.since: dict[tuple[str, str], float] = {}
 
-    def update(self, found: Iterable[Condition], now_s: float) -> list[tuple[Condition, str]]:
-        """The conditions that hold, each with its state: "pending" or "firing"."""
+    def conditions(self, views: Iterable[WindowView], now_s: float) -> list[Condition]:
+        """Every rule for every ranker with a value and a baseline."""
+        means = window_means(views)
+        for key, (mean, error, _) in means.items():
+            kept = self.history.setdefault(key, deque())
+            kept.append((now_s, mean, error))
+            while kept[0][0] <= now_s - DAY_S:
+                kept.popleft()
+        out = []
+        for rule in self.rules:
+            for (ranker, window, metric), (value, error, samples) in sorted(means.items()):
+                if window != rule.window or metric != rule.metric:
+                    continue
+                kept = self.history[(ranker, window, metric)]
+                hours = (now_s - kept[0][0]) / HOUR_S
+                if hours < 1:
+                    continue  # an hour of history at least, as the rule file's count_over_time >= 60
+                baseline = statistics.median(m for _, m, _ in kept)
+                baseline_error = 1.25 * statistics.median(e for _, _, e in kept) / math.sqrt(min(hours, 24))
+                band = max(MARGIN * baseline, Z_SCORE * math.hypot(error, baseline_error))
+                bound = baseline + band if rule.rise else baseline - band
+                beyond = value > bound if rule.rise else value < bound
+                out.append(Condition(rule, ranker, value, baseline, bound, samples,
+                                     beyond and samples >= MIN_SAMPLES))
+        return out
+
+    def update(self, views: Iterable[WindowView], now_s: float) -> list[tuple[Condition, str]]:
+        """The conditions that hold, each "pending" (since its first evaluation holding)
+        or "firing" (held for the rule's `for:`); one that stops holding starts afresh."""
         out, holding = [], set()
-        for c in found:
+        for c in self.conditions(views, now_s):
             if not c.holds:
                 continue
             key = (c.rule.alert, c.ranker)

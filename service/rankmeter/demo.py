@@ -64,7 +64,7 @@ def render(views: list[WindowView], window: str, header: str, baseline: str | No
 
 
 def render_alerts(found: list[tuple[alerts.Condition, str]], now_ms: int, since: dict[tuple[str, str], float]) -> str:
-    lines = ["", "Alerts (deploy/prometheus/rules.yml's quality alerts, evaluated by rankmeter; baseline: the rest of the day):"]
+    lines = ["", "Alerts (deploy/prometheus/rules.yml's quality alerts, evaluated by rankmeter; baseline: the window's last day):"]
     for c, state in sorted(found, key=lambda f: (f[1] != "firing", f[0].rule.alert, f[0].ranker)):
         held = (now_ms / 1000 - since[(c.rule.alert, c.ranker)]) / 60
         sign = ">" if c.rule.rise else "<"
@@ -119,20 +119,20 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[..., N
     interactive = out.isatty()
     began, last_total, last_t = time.monotonic(), 0, time.monotonic()
     views: list[WindowView] = []
-    watch = alerts.Watch()
+    evaluator = alerts.Evaluator()
     try:
         while (traffic.is_alive() or _lagging(source)) and not stop.is_set():
             stop.wait(refresh_s)
             total, now = sum(pipeline.events.values()), time.monotonic()
             views = pipeline.views()
-            found = watch.update(alerts.conditions(views), clock())
+            found = evaluator.update(views, clock())
             header = (f"rankmeter demo — {mode} — window {window} — {int(now - began)} s — event time "
                       f"{time.strftime('%a %H:%M', time.gmtime(clock()))} UTC ({speed:g}x until now) — "
                       f"{(total - last_total) / (now - last_t):,.0f} events/s — "
                       f"http://localhost:{started['port']}/metrics — Ctrl-C stops")
             last_total, last_t = total, now
             table = (render(views, window, header, simulator.rankers[0].name, simulator.truth.means())
-                     + render_alerts(found, clock.now_ms, watch.since))
+                     + render_alerts(found, clock.now_ms, evaluator.since))
             out.write(("\x1b[H\x1b[2J" + table + "\n") if interactive else table + "\n\n")
             out.flush()
     finally:
