@@ -1,7 +1,7 @@
 """Alert quality on simulated weeks of traffic, measured with the real Prometheus.
 
-    eval "$(scripts/services.sh env)"
-    .venv/bin/python bench/alert_quality.py --seed 11 --days 7
+    set -a; eval "$(scripts/services.sh env)"; set +a
+    .venv/bin/python bench/alert_quality.py --seed 11 --seed 12 --seed 13 --days 7
 
 1. **History.** `--days` of event-time traffic with daily and weekly cycles
    (`simulator/history.py`): `bm25-tuned` at 1,000 queries an hour at its daily peak and
@@ -533,20 +533,30 @@ def noise_floor(samples: Samples, rules: Mapping, start_ms: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--days", type=float, default=7.0, help="days of event time (default 7)")
+    parser.add_argument("--seed", type=int, action="append", help="repeatable: one history per seed, "
+                        "figures over all of them (default 11)")
+    parser.add_argument("--days", type=float, default=7.0, help="days of event time per seed (default 7)")
     parser.add_argument("--peak", type=float, default=1000.0, help="the big ranker's queries/hour at the peak")
     parser.add_argument("--canary-peak", type=float, default=20.0, help="the canary's queries/hour at the peak")
-    parser.add_argument("--keep", metavar="DIR", help="keep the scrapes, TSDB and logs here")
+    parser.add_argument("--keep", metavar="DIR", help="keep the scrapes, TSDB and logs here (one folder per seed)")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS")
     redis_url = os.environ.get("RANKMETER_REDIS_URL")
     if not bootstrap or not redis_url:
         raise SystemExit("set RANKMETER_KAFKA_BOOTSTRAP_SERVERS and RANKMETER_REDIS_URL "
-                         "(eval \"$(scripts/services.sh env)\")")
-    result = measure(args.seed, args.days, args.peak, args.canary_peak, bootstrap, redis_url,
-                     Path(args.keep) if args.keep else None)
-    print("\n".join(result.lines))
+                         "(set -a; eval \"$(scripts/services.sh env)\"; set +a)")
+    seeds = args.seed or [11]
+    false_pages: list[Firing] = []
+    delays: list[tuple[Injected, int | None]] = []
+    for seed in seeds:
+        result = measure(seed, args.days, args.peak, args.canary_peak, bootstrap, redis_url,
+                         Path(args.keep) / f"seed-{seed}" if args.keep else None)
+        print("\n".join(result.lines if len(seeds) == 1 else [f"## Seed {seed}", *result.lines[:-3], ""]), flush=True)
+        false_pages += result.false_pages
+        delays += result.delays.items()
+    if len(seeds) > 1:
+        print("\n".join([f"## All {len(seeds)} seeds ({', '.join(map(str, seeds))}): {args.days * len(seeds):g} days",
+                         *summary(args.days * len(seeds), false_pages, delays)]))
     return 0
 
 
@@ -628,20 +638,29 @@ def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injecte
     lines += [f"False warnings: {len(false_warnings)}"]
     lines += ["", "Noise floor (the rules' constants against the measured standard errors):"]
     lines += noise_floor(samples, rules, start_ms)
-    detected = [d / 60_000 for d in delays.values() if d is not None]
-    by_kind = {}
-    for r, d in delays.items():
-        by_kind.setdefault(r.label, []).append(d)
-    lines.append("")
-    for label, ds in sorted(by_kind.items()):
-        found = [d / 60_000 for d in ds if d is not None]
-        lines.append(f"{label}: {len(found)} of {len(ds)} detected"
-                     + (f", median {statistics.median(found):.0f} min" if found else ""))
-    lines += [f"false_pages_per_week={len(false_pages) * 7 / days:.2f}",
-              f"missed_regressions={sum(d is None for d in delays.values())}",
-              f"median_detection_minutes={statistics.median(detected):.1f}" if detected
-              else "median_detection_minutes=nan"]
+    lines += [""] + summary(days, false_pages, list(delays.items()))
     return lines
+
+
+def summary(days: float, false_pages: Sequence[Firing], delays: Sequence[tuple[Injected, int | None]]) -> list[str]:
+    """Detections per kind of regression, then the three figures (false pages per week
+    with its exact 95% Poisson interval)."""
+    from scipy import stats
+
+    lines = []
+    for label in sorted({r.label for r, _ in delays}):
+        found = [d / 60_000 for r, d in delays if r.label == label and d is not None]
+        total = sum(r.label == label for r, _ in delays)
+        lines.append(f"{label}: {len(found)} of {total} detected"
+                     + (f", median {statistics.median(found):.0f} min" if found else ""))
+    k, weeks = len(false_pages), days / 7
+    low = stats.chi2.ppf(0.025, 2 * k) / 2 if k else 0.0
+    high = stats.chi2.ppf(0.975, 2 * k + 2) / 2
+    detected = [d / 60_000 for _, d in delays if d is not None]
+    return lines + [
+        f"false_pages_per_week={k / weeks:.2f} (95% CI {low / weeks:.2f}-{high / weeks:.2f}, {k} in {days:g} days)",
+        f"missed_regressions={sum(d is None for _, d in delays)} (of {len(delays)})",
+        f"median_detection_minutes={statistics.median(detected):.1f}" if detected else "median_detection_minutes=nan"]
 
 
 if __name__ == "__main__":
