@@ -72,15 +72,13 @@ IDEAL = np.concatenate([[0.0], np.cumsum(DISCOUNT)])  # ideal DCG of c clicked d
 
 
 class World:
-    """The simulator's corpus, index and click model, with BM25 scores cached per query."""
+    """The simulator's corpus, index (its search caches the BM25 scores) and click model."""
 
     def __init__(self, sim: Simulator):
         self.sim = sim
         self.queries = sim.corpus.queries
         self.popularity = sim.corpus.popularity
-        self._scores: dict[tuple[int, Ranker], tuple[np.ndarray, np.ndarray]] = {}
         self._grades: dict[int, dict[str, int]] = {}
-        self._top: dict[tuple[int, Ranker], list[str]] = {}
 
     def grades(self, q: int) -> dict[str, int]:
         g = self._grades.get(q)
@@ -89,25 +87,7 @@ class World:
         return g
 
     def search(self, q: int, ranker: Ranker, rng: np.random.Generator) -> list[str]:
-        """`Index.search(query, ranker, 10, rng)`, from cached scores."""
-        key = (q, ranker)
-        if not ranker.noise and key in self._top:
-            return self._top[key]
-        cached = self._scores.get(key)
-        if cached is None:
-            scores = self.sim.index.scores(self.queries[q], ranker)
-            cached = self._scores[key] = (np.fromiter(scores.keys(), dtype=np.int64),
-                                          np.fromiter(scores.values(), dtype=float))
-        docs, values = cached
-        if not len(docs):
-            return []
-        if ranker.noise:
-            values = values + rng.normal(0.0, ranker.noise * values.max(), len(values))
-        documents = self.sim.corpus.documents
-        top = [documents[i].doc_id for i in docs[np.argsort(-values, kind="stable")[:K]]]
-        if not ranker.noise:
-            self._top[key] = top
-        return top
+        return self.sim.search(self.queries[q], ranker, rng)
 
     def clicks(self, lists: list[list[str]], qs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The position-based click model on a batch of shown lists: a bool matrix."""

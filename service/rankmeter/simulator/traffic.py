@@ -243,7 +243,7 @@ class Simulator:
         """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all)."""
         client, session = (users or self.users).visit(self.rng, now_ms)
         query = self._sample_query()
-        results = self._search(query, self._regressed(ranker, elapsed_s))
+        results = self.search(query, self._regressed(ranker, elapsed_s))
         return self._events(ranker.name, query, results, [ranker.name] * len(results), {},
                             now_ms, elapsed_s, client, session)
 
@@ -252,7 +252,7 @@ class Simulator:
         client, session = self.users.visit(self.rng, now_ms)
         query = self._sample_query()
         a, b = (self._regressed(r, elapsed_s) for r in self.interleave)
-        results, team_of = team_draft(self._search(query, a), self._search(query, b), K, self.rng)
+        results, team_of = team_draft(self.search(query, a), self.search(query, b), K, self.rng)
         teams = [self.interleave[t].name for t in team_of]
         extra = {"interleaving": {"experiment": self.experiment, "teams": teams}}
         return self._events(self.experiment, query, results, teams, extra, now_ms, elapsed_s, client, session)
@@ -281,8 +281,8 @@ class Simulator:
         i = int(np.searchsorted(self._popularity, self.rng.random(), side="right"))
         return self.corpus.queries[min(i, len(self.corpus.queries) - 1)]
 
-    def _search(self, query: Query, ranker: Ranker) -> list[str]:
-        """`Index.search(query, ranker, K, rng)`, with the scores cached."""
+    def search(self, query: Query, ranker: Ranker, rng: np.random.Generator | None = None) -> list[str]:
+        """`Index.search(query, ranker, K, rng)` (default: the traffic's rng), with the scores cached."""
         key = (query.text, ranker.k1, ranker.b)
         if not ranker.noise and key in self._top:
             return self._top[key]
@@ -295,7 +295,7 @@ class Simulator:
         if not len(docs):
             return []
         if ranker.noise:
-            values = values + self.rng.normal(0.0, ranker.noise * values.max(), len(values))
+            values = values + (rng or self.rng).normal(0.0, ranker.noise * values.max(), len(values))
         documents = self.corpus.documents
         top = [documents[i].doc_id for i in docs[np.argsort(-values, kind="stable")[:K]]]
         if not ranker.noise:
