@@ -52,6 +52,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
@@ -77,6 +78,9 @@ KEPT_FAMILIES = {"rankmeter_quality_numerator", "rankmeter_quality_denominator",
                  "rankmeter_queries", "rankmeter_events", "rankmeter_ranker_info", "rankmeter_consumer_lag_seconds",
                  "rankmeter_consumer_lag"}
 STEP_S = 60
+# Histories end here unless told otherwise (a Monday, 00:00 UTC): Kafka (retention.ms=-1)
+# and Prometheus (3650 days' retention) keep old timestamps; serve runs on the event clock.
+END_MS = int(datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp() * 1000)
 
 
 class Injected(NamedTuple):
@@ -100,40 +104,53 @@ class Firing(NamedTuple):
 
 # ---- 1. history ----
 
-def calibrate_ranking_size(drop: float, seed: int) -> tuple[float, float, float]:
-    """The share of degraded lists that lowers the *measured* nDCG@10 (click-derived,
-    macro over judged queries, as the service computes it) by `drop`: measured on the
-    embedded pipeline with no regression and with every list degraded. Returns
-    (size, healthy mean, degraded mean)."""
-    def measure(size: float) -> tuple[float, float]:
-        start = 1_800_000_000_000 - 1_800_000_000_000 % DAY_MS + 18 * HOUR_MS  # around the daily peak
-        regressions = [Regression(0, 10 * 3600, BIG, "ranking", size)] if size else []
-        history = History(start, start + 3 * HOUR_MS, {BIG: 4000}, regressions=regressions, seed=seed,
-                          disorder=0.0)
-        settings = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10"})
-        bus = Bus(partitions=1)
-        topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
-        for event in history:
-            bus.send(topics[event.stream], event.key.encode(), json.dumps(event.value).encode(),
-                     timestamp_ms=event.timestamp_ms)
-        pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, clock=lambda: (start + 5 * HOUR_MS) / 1000)
-        bus.subscribe(list(topics.values()), pipeline.assign, pipeline.revoke)
-        while records := bus.poll(0, 20_000):
-            pipeline.process(records)
-        view = next(v for v in pipeline.views() if v.window == "24h" and v.ranker == BIG)
-        sums = view.sums["nDCG@10"]
-        return sums.value_sum / sums.count, view.queries_judged / view.queries_all
+CLICK_MODEL = "dcm"  # the dependent click model: clicks depend on the ones above (Guo et al. 2009)
 
-    (m0, j0), (m1, j1) = measure(0.0), measure(1.0)
-    target = (1 - drop) * m0
+
+def measured(kind: str, size: float, seed: int) -> tuple[float, float, float]:
+    """(nDCG@10 macro over judged queries, judged share, CTR macro) of 6 hours of the big
+    ranker's traffic at 5,000 queries/h with this regression throughout, as the service
+    measures them (the embedded pipeline, the complete 24h window)."""
+    start = 1_800_000_000_000 - 1_800_000_000_000 % DAY_MS + 14 * HOUR_MS
+    regressions = [Regression(0, 10 * 3600, BIG, kind, size)] if size else []
+    history = History(start, start + 6 * HOUR_MS, {BIG: 5000}, regressions=regressions, seed=seed,
+                      click_model=CLICK_MODEL, disorder=0.0)
+    settings = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10"})
+    bus = Bus(partitions=1)
+    topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+    for event in history:
+        bus.send(topics[event.stream], event.key.encode(), json.dumps(event.value).encode(),
+                 timestamp_ms=event.timestamp_ms)
+    pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, clock=lambda: (start + 8 * HOUR_MS) / 1000)
+    bus.subscribe(list(topics.values()), pipeline.assign, pipeline.revoke)
+    while records := bus.poll(0, 20_000):
+        pipeline.process(records)
+    view = next(v for v in pipeline.views() if v.window == "24h" and v.ranker == BIG)
+    return view.sums["nDCG@10"].macro(), view.queries_judged / view.queries_all, view.sums["CTR"].macro()
+
+
+def calibrate(seed: int) -> tuple[float, float, list[str]]:
+    """The sizes of the two regressions, so that the service *measures* nDCG@10 10 % lower
+    (a share of lists degraded) and CTR 5 % lower (results less attractive), under the
+    bench's click model; with the lines saying so."""
+    (m0, j0, c0), (m1, j1, _) = measured("ranking", 0.0, seed), measured("ranking", 1.0, seed)
+    target = 0.9 * m0
     if m1 >= target:
-        raise SystemExit(f"a fully degraded ranker measures nDCG@10 {m1:.3f}: it cannot drop {drop:.0%} below {m0:.3f}")
-    # The measured mean with a share p of degraded lists weighs each kind by its judged share.
-    p = j0 * (m0 - target) / (j0 * (m0 - target) + j1 * (target - m1))
-    return p, m0, m1
+        raise SystemExit(f"a fully degraded ranker measures nDCG@10 {m1:.3f}: it cannot drop 10% below {m0:.3f}")
+    # A share p of degraded lists: the measured mean weighs each kind by its judged share.
+    ranking = j0 * (m0 - target) / (j0 * (m0 - target) + j1 * (target - m1))
+    # Under a dependent click model CTR is not proportional to attractiveness: interpolate.
+    a, b = 0.05, 0.15
+    ca, cb = measured("clicks", a, seed)[2], measured("clicks", b, seed)[2]
+    clicks = a + (0.95 * c0 - ca) * (b - a) / (cb - ca)
+    check_n, check_c = measured("ranking", ranking, seed)[0], measured("clicks", clicks, seed)[2]
+    return ranking, clicks, [
+        f"  calibration ({CLICK_MODEL} clicks, 30,000 queries a point): nDCG@10 {m0:.4f} healthy, {m1:.4f} fully "
+        f"degraded -> {ranking:.3f} of lists degraded (check: {check_n / m0 - 1:+.1%}); CTR {c0:.4f} -> results "
+        f"{clicks:.3f} less attractive (check: {check_c / c0 - 1:+.1%})"]
 
 
-def schedule(days: int, start_ms: int, seed: int, ranking_size: float) -> list[Injected]:
+def schedule(days: int, start_ms: int, seed: int, ranking_size: float, clicks_size: float) -> list[Injected]:
     """One 2-hour regression a day from day 2 on (days 0 and 1 stay clean), at a seeded
     random hour, alternately nDCG@10 −10 % and CTR −5 %."""
     rng = np.random.default_rng(seed + 1)
@@ -141,7 +158,7 @@ def schedule(days: int, start_ms: int, seed: int, ranking_size: float) -> list[I
     for i, day in enumerate(range(2, days)):
         begin = start_ms + day * DAY_MS + int(rng.integers(0, 22 * 60)) * MINUTE_MS
         kind, size, label = (("ranking", ranking_size, "nDCG@10 -10%") if i % 2 == 0
-                             else ("clicks", 0.05, "CTR -5%"))
+                             else ("clicks", clicks_size, "CTR -5%"))
         regression = Regression((begin - start_ms) / 1000, 2 * 3600, BIG, kind, size)
         out.append(Injected(label, begin, begin + 2 * HOUR_MS, regression))
     return out
@@ -279,16 +296,7 @@ class Samples:
             ("up", (("instance", self.instance), ("job", "rankmeter"))), []).append((t_ms, 1.0))
 
     def write_openmetrics(self, path: Path) -> None:
-        def quoted(value: str) -> str:
-            return value.replace("\\", r"\\").replace('"', r'\"').replace("\n", r"\n")
-
-        with open(path, "w") as out:
-            for (family, kind), per in self.series.items():
-                out.write(f"# TYPE {family} {kind}\n")
-                for (name, labels), points in per.items():
-                    head = name + "{" + ",".join(f'{k}="{quoted(v)}"' for k, v in labels) + "}"
-                    out.writelines(f"{head} {v!r} {t / 1000:.3f}\n" for t, v in points)
-            out.write("# EOF\n")
+        write_openmetrics(self.series, path)
 
     def values(self, name: str, **labels: str) -> dict[int, float]:
         """t_ms -> sum over the series of `name` whose labels include these."""
@@ -299,6 +307,27 @@ class Samples:
                     for t, v in points:
                         out[t] = out.get(t, 0.0) + v
         return out
+
+
+Series = dict[tuple[str, str], dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int, float]]]]
+
+
+def write_openmetrics(series: Series, path: Path) -> None:
+    """(family, type) -> (sample name, labels) -> [(t_ms, value)] as OpenMetrics with
+    timestamps, each family once (as `promtool tsdb create-blocks-from openmetrics` wants)."""
+    def quoted(value: str) -> str:
+        return value.replace("\\", r"\\").replace('"', r'\"').replace("\n", r"\n")
+
+    def number(v: float) -> str:
+        return "NaN" if math.isnan(v) else ("+Inf" if v > 0 else "-Inf") if math.isinf(v) else repr(v)
+
+    with open(path, "w") as out:
+        for (family, kind), per in series.items():
+            out.write(f"# TYPE {family} {kind}\n")
+            for (name, labels), points in per.items():
+                head = name + "{" + ",".join(f'{k}="{quoted(v)}"' for k, v in labels) + "}"
+                out.writelines(f"{head} {number(v)} {t / 1000:.3f}\n" for t, v in points)
+        out.write("# EOF\n")
 
 
 def replay(history: History, start_ms: int, end_ms: int, samples: Samples, replay_: Replay) -> None:
@@ -340,6 +369,9 @@ class Prometheus:
         self.process = subprocess.Popen(
             ["prometheus", f"--config.file={config_file}", f"--storage.tsdb.path={self.data}",
              "--storage.tsdb.retention.time=3650d", f"--web.listen-address=127.0.0.1:{self.port}",
+             # Backfilled series carry no staleness markers: a lookback of one scrape interval
+             # lets a series that stopped vanish as it would live.
+             f"--query.lookback-delta={STEP_S}s",
              "--query.max-samples=200000000"], stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -407,24 +439,30 @@ def rule_levels(groups: Sequence[Mapping]) -> list[list[Mapping]]:
 
 
 def backfill(samples: Samples, rules: Mapping, start_ms: int, end_ms: int, workdir: Path) -> Prometheus:
+    """The scrapes become a TSDB; then each level of recording rules is evaluated by
+    Prometheus (query_range) at the scrape instants and written back as blocks before the
+    next level — what a rule group evaluated right after each scrape records: every rule of
+    an evaluation reads the same instant's values of the rules before it."""
     data = workdir / "tsdb"
     scraped = workdir / "scraped.om"
     samples.write_openmetrics(scraped)
     run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(scraped), str(data)])
     prometheus = Prometheus(data, workdir)
-    interval = min(duration_s(g.get("interval", "1m")) for g in rules["groups"])
     for k, level in enumerate(rule_levels(rules["groups"])):
         prometheus.start()
-        level_file, out = workdir / f"rules-level-{k}.yml", workdir / f"rules-level-{k}"
-        level_file.write_text(yaml.safe_dump({"groups": [{"name": f"level-{k}", "interval": f"{interval}s",
-                                                          "rules": level}]}))
-        run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={start_ms // 1000}",
-             f"--end={end_ms // 1000}", f"--url={prometheus.url}", f"--output-dir={out}",
-             f"--eval-interval={interval}s", str(level_file)])
+        recorded: Series = {}
+        for rule in level:
+            per = recorded.setdefault((rule["record"], "gauge"), {})
+            for series in prometheus.query_range(rule["expr"], start_ms / 1000, end_ms / 1000, STEP_S):
+                labels = {**{k: v for k, v in series["metric"].items() if k != "__name__"},
+                          **{k: str(v) for k, v in rule.get("labels", {}).items()}}
+                per[(rule["record"], tuple(sorted(labels.items())))] = [
+                    (round(float(t) * 1000), float(v)) for t, v in series["values"]]
         prometheus.stop()
-        for block in out.iterdir():
-            shutil.move(str(block), data / block.name)
-        print(f"  recording rules, level {k}: {len(level)} backfilled", file=sys.stderr, flush=True)
+        level_file = workdir / f"recorded-{k}.om"
+        write_openmetrics(recorded, level_file)
+        run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(level_file), str(data)])
+        print(f"  recording rules, level {k}: {len(level)} evaluated", file=sys.stderr, flush=True)
     prometheus.start()
     return prometheus
 
@@ -444,19 +482,18 @@ def duration_s(text: str) -> int:
 def evaluate_alerts(prometheus: Prometheus, rules: Mapping, start_ms: int, end_ms: int) -> list[Firing]:
     """Each alert over the history, as the rule manager would have fired it: an alert is
     pending from the first evaluation with a result and fires once it has held for `for`."""
-    interval = min(duration_s(g.get("interval", "1m")) for g in rules["groups"])
     firings: list[Firing] = []
     for group in rules["groups"]:
         for rule in group["rules"]:
             if "alert" not in rule:
                 continue
             hold_ms = duration_s(rule.get("for", "0s")) * 1000
-            for series in prometheus.query_range(rule["expr"], start_ms / 1000, end_ms / 1000, interval):
+            for series in prometheus.query_range(rule["expr"], start_ms / 1000, end_ms / 1000, STEP_S):
                 labels = {**{k: v for k, v in series["metric"].items() if k != "__name__"},
                           **{k: str(v) for k, v in rule.get("labels", {}).items()}}
                 firings.extend(Firing(rule["alert"], labels, a, b)
-                               for a, b in hold(sorted(int(t * 1000) for t, _ in series["values"]),
-                                                interval * 1000, hold_ms))
+                               for a, b in hold(sorted(round(float(t) * 1000) for t, _ in series["values"]),
+                                                STEP_S * 1000, hold_ms))
     return firings
 
 
@@ -477,7 +514,9 @@ def hold(times: Sequence[int], interval_ms: int, hold_ms: int) -> Iterator[tuple
 
 def score(firings: Sequence[Firing], injected: Sequence[Injected], grace_ms: int
           ) -> tuple[list[Firing], list[Firing], dict[Injected, int | None]]:
-    """(false pages, false warnings, detection delay per regression in ms or None)."""
+    """(false pages, other alerts outside the regressions, detection delay per regression
+    in ms or None). A firing is explained by a regression of its ranker if it starts
+    within the regression or `grace_ms` after it."""
     def explained(f: Firing) -> bool:
         return any(f.labels.get("ranker") == r.regression.ranker and r.start_ms <= f.start_ms <= r.end_ms + grace_ms
                    for r in injected)
@@ -503,11 +542,40 @@ def constants(rules: Mapping) -> dict[str, float]:
     return out
 
 
-def noise_floor(samples: Samples, rules: Mapping, start_ms: int) -> list[str]:
-    """The smallest relative change of each alerted metric the rules can flag for the big
-    ranker, at the daily peak and trough of the last day: max(margin, z × standard error
-    / mean) with the measured 1h and 15m standard errors (the baseline's own error left
-    out, so the true floor is a little higher)."""
+def window_mean(samples: Samples, metric: str, window: str) -> dict[int, tuple[float, float, float]]:
+    """t_ms -> (mean, standard error, queries) of the big ranker's macro `metric` over `window`."""
+    s1 = samples.values("rankmeter_quality_numerator", metric=metric, ranker=BIG, window=window, average="macro")
+    n = samples.values("rankmeter_quality_denominator", metric=metric, ranker=BIG, window=window, average="macro")
+    s2 = samples.values("rankmeter_quality_squares", metric=metric, ranker=BIG, window=window)
+    out = {}
+    for t, count in n.items():
+        if count > 0:
+            mean = s1[t] / count
+            out[t] = (mean, math.sqrt(max(s2[t] / count - mean ** 2, 0.0) / count), count)
+    return out
+
+
+def realised(samples: Samples, r: Injected, injected: Sequence[Injected]) -> str:
+    """The change the service measured: the live 1h window over the regression's two
+    hours against the same two windows on the days without a regression then."""
+    metric = "nDCG@10" if r.regression.kind == "ranking" else "CTR"
+    means = window_mean(samples, metric, "1h")
+    ends = (r.start_ms + HOUR_MS, r.start_ms + 2 * HOUR_MS)
+    now = [means[t][0] for t in ends if t in means]
+    others = [means[t + k * DAY_MS][0] for t in ends for k in range(-10, 11)
+              if k and t + k * DAY_MS in means
+              and not any(o.start_ms < t + k * DAY_MS and t + k * DAY_MS - HOUR_MS < o.end_ms for o in injected)]
+    if not now or not others:
+        return ""
+    return f" (measured {metric} {statistics.mean(now) / statistics.median(others) - 1:+.1%})"
+
+
+def noise_floor(samples: Samples, rules: Mapping) -> list[str]:
+    """The smallest relative change of each alerted metric the rules can page on for the
+    big ranker, at the daily peak and trough of the last day, from the measured standard
+    errors and the rule file's constants: a change of max(margin, z·σ) is caught about half
+    the time, one of max(margin, (z + 1.645)·σ) 95 % of the time, σ being the standard
+    error of the difference to a 7-day same-hour median (σ_window × sqrt(1 + 1.25²/7))."""
     c = constants(rules)
     z = next((v for k, v in c.items() if "z_score" in k), float("nan"))
     margin = next((v for k, v in c.items() if "margin" in k), float("nan"))
@@ -515,19 +583,20 @@ def noise_floor(samples: Samples, rules: Mapping, start_ms: int) -> list[str]:
     lines = []
     for metric, windows in (("nDCG@10", ("15m", "1h")), ("CTR", ("1h",)), ("Abandonment", ("1h",))):
         for window in windows:
-            s1 = samples.values("rankmeter_quality_numerator", metric=metric, ranker=BIG, window=window, average="macro")
-            n = samples.values("rankmeter_quality_denominator", metric=metric, ranker=BIG, window=window, average="macro")
-            s2 = samples.values("rankmeter_quality_squares", metric=metric, ranker=BIG, window=window)
-            last_day = [t for t in n if t >= max(n) - DAY_MS and n[t] > 0]
+            means = window_mean(samples, metric, window)
+            last_day = [t for t in means if t >= max(means) - DAY_MS] if means else []
             if not last_day:
                 continue
-            for name, t in (("peak", max(last_day, key=lambda t: n[t])), ("trough", min(last_day, key=lambda t: n[t]))):
-                mean = s1[t] / n[t]
-                se = math.sqrt(max(s2[t] / n[t] - mean ** 2, 0.0) / n[t])
-                floor = max(margin, z * se / mean)
-                guard = "" if n[t] >= min_samples else f" (below the {min_samples:.0f}-query guard: silent)"
-                lines.append(f"  {metric:<12} {window:>4} at the {name:<6}: {n[t]:>5.0f} queries, mean {mean:.4f}, "
-                             f"se {se:.4f} -> smallest change flagged {floor:.1%}{guard}")
+            by_count = sorted(last_day, key=lambda t: means[t][2])
+            for name, t in (("peak", by_count[-1]), ("trough", by_count[0])):
+                mean, se, count = means[t]
+                if mean <= 0:
+                    continue
+                sigma = se * math.sqrt(1 + 1.25 ** 2 / 7) / mean
+                guard = "" if count >= min_samples else f" (under the {min_samples:.0f}-query guard: silent)"
+                lines.append(f"  {metric:<12} {window:>4} at the {name:<6}: {count:>5.0f} queries, mean {mean:.4f}, "
+                             f"se {se:.4f} -> pages on a change of {max(margin, z * sigma):.1%} half the time, "
+                             f"{max(margin, (z + 1.645) * sigma):.1%} 95% of the time{guard}")
     return lines
 
 
@@ -548,20 +617,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = args.seed or [11]
     false_pages: list[Firing] = []
     delays: list[tuple[Injected, int | None]] = []
+    quiet_days = 0.0
     for seed in seeds:
         result = measure(seed, args.days, args.peak, args.canary_peak, bootstrap, redis_url,
                          Path(args.keep) / f"seed-{seed}" if args.keep else None)
         print("\n".join(result.lines if len(seeds) == 1 else [f"## Seed {seed}", *result.lines[:-3], ""]), flush=True)
         false_pages += result.false_pages
         delays += result.delays.items()
+        quiet_days += result.quiet_days
     if len(seeds) > 1:
         print("\n".join([f"## All {len(seeds)} seeds ({', '.join(map(str, seeds))}): {args.days * len(seeds):g} days",
-                         *summary(args.days * len(seeds), false_pages, delays)]))
+                         *summary(quiet_days, false_pages, delays)]))
     return 0
 
 
 class Result(NamedTuple):
     lines: list[str]
+    quiet_days: float
     false_pages: list[Firing]
     delays: dict[Injected, int | None]
     firings: list[Firing]
@@ -569,23 +641,24 @@ class Result(NamedTuple):
 
 
 def measure(seed: int, days: float, peak: float, canary_peak: float, bootstrap: str, redis_url: str,
-            keep: Path | None = None, plan: Callable[[int], Sequence[Injected]] | None = None) -> Result:
-    """The whole measurement; `plan(start_ms)` gives the regressions (default `schedule`)."""
+            keep: Path | None = None, plan: Callable[[int], Sequence[Injected]] | None = None,
+            end_ms: int = END_MS) -> Result:
+    """The whole measurement; `plan(start_ms)` gives the regressions (default `schedule`).
+    The history ends at `end_ms`, a fixed time by default: a seed gives the same traffic,
+    hours and weekdays on every run."""
     rules = yaml.safe_load(RULES.read_text())
     workdir = keep or Path(tempfile.mkdtemp(prefix="alert-quality-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    # The history ends at the last whole minute before now (Prometheus keeps it; Kafka takes its timestamps).
-    end_ms = int(time.time() * 1000) // MINUTE_MS * MINUTE_MS - 10 * MINUTE_MS
     start_ms = end_ms - int(days * DAY_MS) // MINUTE_MS * MINUTE_MS
+    calibration: list[str] = []
     if plan is not None:
         injected = list(plan(start_ms))
     else:
-        size, healthy, degraded = calibrate_ranking_size(0.10, seed)
-        print(f"  calibration: measured nDCG@10 {healthy:.4f} healthy, {degraded:.4f} fully degraded: "
-              f"{size:.3f} of lists degraded for -10%", file=sys.stderr, flush=True)
-        injected = schedule(int(days), start_ms, seed, size)
-    history = History(start_ms, end_ms, {BIG: peak, CANARY: canary_peak},
+        ranking, clicks, calibration = calibrate(seed)
+        print("\n".join(calibration), file=sys.stderr, flush=True)
+        injected = schedule(int(days), start_ms, seed, ranking, clicks)
+    history = History(start_ms, end_ms, {BIG: peak, CANARY: canary_peak}, click_model=CLICK_MODEL,
                       regressions=[r.regression for r in injected], seed=seed, run_id=f"s{seed}")
     run_id = f"{seed}-{os.getpid()}-{int(time.time())}"
     replayer = Replay(bootstrap, redis_url, workdir, run_id)
@@ -600,13 +673,20 @@ def measure(seed: int, days: float, peak: float, canary_peak: float, bootstrap: 
         firings = evaluate_alerts(prometheus, rules, start_ms, end_ms)
     finally:
         prometheus.stop()
-    grace_ms = max(duration_s(r.get("for", "0s")) for g in rules["groups"] for r in g["rules"] if "alert" in r) * 1000
-    false_pages, false_warnings, delays = score(firings, injected, HOUR_MS + grace_ms)
+    false_pages, false_warnings, delays = score(firings, injected, quiet_grace_ms(rules))
     lines = report(rules, samples, start_ms, days, injected, firings, false_pages, false_warnings, delays,
                    history, replayed_s, time.monotonic() - t0)
     if keep is None:
         shutil.rmtree(workdir, ignore_errors=True)
-    return Result(lines, false_pages, delays, firings, list(injected))
+    quiet_days = days - len(injected) * (2 * HOUR_MS + quiet_grace_ms(rules)) / DAY_MS
+    return Result(calibration + lines, quiet_days, false_pages, delays, firings, list(injected))
+
+
+def quiet_grace_ms(rules: Mapping) -> int:
+    """How long after a regression an alert about it may still start: the longest alert
+    window (1h) holds regressed queries that long, plus the longest `for:`."""
+    return HOUR_MS + max(duration_s(r.get("for", "0s")) for g in rules["groups"] for r in g["rules"]
+                         if "alert" in r) * 1000
 
 
 def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injected: Sequence[Injected],
@@ -620,7 +700,7 @@ def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injecte
              "Regressions on " + BIG + ":"]
     for r in injected:
         d = delays[r]
-        lines.append(f"  {r.label:<13} {when(r.start_ms)} for 2 h: "
+        lines.append(f"  {r.label:<13} {when(r.start_ms)} for 2 h{realised(samples, r, injected)}: "
                      + (f"detected after {d / 60_000:.0f} min" if d is not None else "MISSED"))
     lines += ["", "Alerts that fired (ranker: count, severity):"]
     names = sorted({f.alert for f in firings})
@@ -632,19 +712,25 @@ def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injecte
         lines.append(f"  {name}: " + ", ".join(f"{ranker}: {len(fs)} {sev}" for (ranker, sev), fs in sorted(by.items())))
     if not names:
         lines.append("  none")
-    lines += ["", f"False pages (outside the regressions and the {HOUR_MS // 60_000} min after them):"]
+    grace_min = (grace_ms := quiet_grace_ms(rules)) // 60_000
+    lines += ["", f"False pages (starting outside the regressions and the {grace_min} min after them):"]
     lines += [f"  {f.alert} {f.labels.get('ranker', '')} at {when(f.start_ms)} for "
               f"{(f.end_ms - f.start_ms) / 60_000 + 1:.0f} min" for f in false_pages] or ["  none"]
-    lines += [f"False warnings: {len(false_warnings)}"]
+    lines += [f"Other alerts outside the regressions (tickets, warnings): {len(false_warnings)}"]
+    lines += [f"  {f.alert} {f.severity} {f.labels.get('ranker', f.labels.get('topic', ''))} at {when(f.start_ms)}"
+              for f in false_warnings]
     lines += ["", "Noise floor (the rules' constants against the measured standard errors):"]
-    lines += noise_floor(samples, rules, start_ms)
-    lines += [""] + summary(days, false_pages, list(delays.items()))
+    lines += noise_floor(samples, rules)
+    quiet_days = days - len(injected) * (2 * HOUR_MS + grace_ms) / DAY_MS
+    lines += [""] + summary(quiet_days, false_pages, list(delays.items()))
     return lines
 
 
-def summary(days: float, false_pages: Sequence[Firing], delays: Sequence[tuple[Injected, int | None]]) -> list[str]:
-    """Detections per kind of regression, then the three figures (false pages per week
-    with its exact 95% Poisson interval)."""
+def summary(quiet_days: float, false_pages: Sequence[Firing], delays: Sequence[tuple[Injected, int | None]]
+            ) -> list[str]:
+    """Detections per kind of regression, then the three figures: false pages per week of
+    time without a regression (with its exact 95% Poisson interval), regressions missed,
+    and the median delay counting a missed regression as never detected."""
     from scipy import stats
 
     lines = []
@@ -653,14 +739,15 @@ def summary(days: float, false_pages: Sequence[Firing], delays: Sequence[tuple[I
         total = sum(r.label == label for r, _ in delays)
         lines.append(f"{label}: {len(found)} of {total} detected"
                      + (f", median {statistics.median(found):.0f} min" if found else ""))
-    k, weeks = len(false_pages), days / 7
+    k, weeks = len(false_pages), quiet_days / 7
     low = stats.chi2.ppf(0.025, 2 * k) / 2 if k else 0.0
     high = stats.chi2.ppf(0.975, 2 * k + 2) / 2
-    detected = [d / 60_000 for _, d in delays if d is not None]
+    minutes = [math.inf if d is None else d / 60_000 for _, d in delays]
     return lines + [
-        f"false_pages_per_week={k / weeks:.2f} (95% CI {low / weeks:.2f}-{high / weeks:.2f}, {k} in {days:g} days)",
+        f"false_pages_per_week={k / weeks:.2f} (95% CI {low / weeks:.2f}-{high / weeks:.2f}, "
+        f"{k} in {quiet_days:.1f} days without a regression)",
         f"missed_regressions={sum(d is None for _, d in delays)} (of {len(delays)})",
-        f"median_detection_minutes={statistics.median(detected):.1f}" if detected else "median_detection_minutes=nan"]
+        f"median_detection_minutes={statistics.median(minutes):.1f}" if minutes else "median_detection_minutes=nan"]
 
 
 if __name__ == "__main__":

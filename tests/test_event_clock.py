@@ -28,6 +28,16 @@ def test_the_event_clock_follows_the_newest_record_and_never_goes_back():
     assert clock() == 9.0
 
 
+def test_a_record_stamped_beyond_max_future_of_the_wall_clock_does_not_move_it():
+    wall_s = 1_800_000_000.0
+    clock = EventClock(max_future_ms=3_600_000, wall=lambda: wall_s)
+    clock.see([Record("t", 0, 0, None, None, [], int(wall_s * 1000) - 60_000),
+               Record("t", 0, 1, None, None, [], 4_102_444_800_000)])  # 2100-01-01: a bogus producer clock
+    assert clock.now_ms == int(wall_s * 1000) - 60_000
+    clock.see([Record("t", 0, 2, None, None, [], int(wall_s * 1000) + 3_600_000)])  # at the limit: counts
+    assert clock.now_ms == int(wall_s * 1000) + 3_600_000
+
+
 def scrape(port: int) -> dict:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -29,6 +29,7 @@ MARGIN = 0.05        # rankmeter:quality_drop_margin:ratio
 MIN_SAMPLES = 100.0  # rankmeter:alert_min_samples:count
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
+RECORD_EVERY_S = 60.0  # the recording group's interval: the baseline's values are a minute apart
 
 
 class Rule(NamedTuple):
@@ -85,7 +86,8 @@ class Evaluator:
         means = window_means(views)
         for key, (mean, error, _) in means.items():
             kept = self.history.setdefault(key, deque())
-            kept.append((now_s, mean, error))
+            if not kept or now_s - kept[-1][0] >= RECORD_EVERY_S:  # as the rule group records them
+                kept.append((now_s, mean, error))
             while kept[0][0] <= now_s - DAY_S:
                 kept.popleft()
         out = []

@@ -285,7 +285,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.event_clock:
         from rankmeter.clock import EventClock
 
-        run(settings, source, store, rebuild=args.rebuild, clock=EventClock())
+        max_future_ms = duration_ms(settings.windows.max_future)
+        run(settings, source, store, rebuild=args.rebuild, clock=EventClock(max_future_ms=max_future_ms))
     else:
         run(settings, source, store, rebuild=args.rebuild)
     return 0
@@ -394,6 +395,7 @@ def _demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logs.configure("WARNING")  # the table is the output
     if os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("RANKMETER_REDIS_URL"):
+        settings = _demo_run(settings)
         store, source = _connect(settings, create_topics=4)
         with _reaching(settings):
             send = kafka_sender(settings)
@@ -406,6 +408,24 @@ def _demo(args: argparse.Namespace) -> int:
     demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed,
          interleave=args.interleave, speed=args.speed)
     return 0
+
+
+def _demo_run(settings):
+    """A demo on real services gets its own topics, group and Redis prefix: its event time
+    starts a day back, and a previous run's stored watermarks (or its events) would close
+    or mix with this run's queries."""
+    import os
+
+    import msgspec
+
+    run_id = f"demo-{os.urandom(3).hex()}"
+    k = settings.kafka
+    kafka = msgspec.structs.replace(k, group_id=f"{k.group_id}.{run_id}",
+                                    impressions_topic=f"{k.impressions_topic}.{run_id}",
+                                    feedback_topic=f"{k.feedback_topic}.{run_id}",
+                                    dead_letter_topic=f"{k.dead_letter_topic}.{run_id}")
+    redis = msgspec.structs.replace(settings.redis, key_prefix=f"{settings.redis.key_prefix}.{run_id}")
+    return msgspec.structs.replace(settings, kafka=kafka, redis=redis)
 
 
 def _report(args: argparse.Namespace) -> int:

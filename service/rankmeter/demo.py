@@ -24,7 +24,7 @@ from typing import TextIO
 
 from rankmeter import alerts
 from rankmeter.clock import EventClock
-from rankmeter.config import Settings
+from rankmeter.config import Settings, duration_ms
 from rankmeter.pipeline import Pipeline
 from rankmeter.serve import run
 from rankmeter.simulator.traffic import Event, Simulator
@@ -100,7 +100,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[..., N
         elapsed_s = time.time() - began_wall if elapsed_s is None else elapsed_s
         return int(min(first_ms + elapsed_s * speed * 1000, (began_wall + elapsed_s) * 1000))
 
-    clock = EventClock(first_ms)
+    clock = EventClock(first_ms, max_future_ms=duration_ms(settings.windows.max_future))
     server = threading.Thread(target=run, args=(settings, source, store, stop, on_start), kwargs={"clock": clock},
                               daemon=True)
     server.start()
@@ -110,9 +110,10 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[..., N
         time.sleep(0.05)
     pipeline: Pipeline = started["pipeline"]
     simulator = Simulator(seed=seed, regression_at=regression_at, interleave=interleave)
-    # A record's timestamp is when it is sent (the event clock follows it); feedback's own
-    # timestamps may be later (delays), as from a real producer.
-    traffic = threading.Thread(target=simulator.run, args=(lambda e: send(e, event_now()), rate, duration),
+    # A record's timestamp is its event's (the event clock follows it), or now for feedback
+    # stamped later (delays) that a real producer sends as it happens.
+    traffic = threading.Thread(target=simulator.run,
+                               args=(lambda e: send(e, min(e.timestamp_ms, event_now())), rate, duration),
                                kwargs={"stop": stop.is_set, "event_time": event_now}, daemon=True)
     traffic.start()
     window = min(settings.windows.sizes, key=lambda s: _minutes(s))
@@ -147,8 +148,6 @@ def _lagging(source: Source) -> bool:
 
 
 def _minutes(size: str) -> float:
-    from rankmeter.config import duration_ms
-
     return duration_ms(size) / 60_000
 
 
