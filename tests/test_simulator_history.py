@@ -410,3 +410,18 @@ def test_simulate_history_to_a_file(tmp_path):
                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "rankmeter simulate: error: regression of ranker 'nope': one of bm25-tuned, bm25-degraded"]
+
+
+def test_users_click_with_a_propensity_of_their_own():
+    sim = Simulator(seed=4, users=300)
+    clicks: dict[str, list[float]] = defaultdict(list)
+    for i in range(12_000):
+        events = sim.answer(sim.rankers[0], 1_800_000_000_000 + i * 1000, 0.0)
+        client = events[0].value["client_id"]
+        clicks[client].append(sum(e.value.get("action") == "click" for e in events))
+    propensity = {c: sim.users.propensity[int(c[1:])] for c in clicks}
+    high = [n for c, ns in clicks.items() if propensity[c] >= 1.25 for n in ns]
+    low = [n for c, ns in clicks.items() if propensity[c] <= 0.8 for n in ns]
+    (h, h_se), (l, l_se) = mean_and_se(high), mean_and_se(low)
+    assert h - l > Z * math.hypot(h_se, l_se)  # the same traffic, clicked more by keener users
+    assert np.mean(sim.users.propensity) == pytest.approx(1.0, abs=Z * 0.3 / math.sqrt(300))

@@ -147,21 +147,30 @@ class TruthPoint(NamedTuple):
     values: np.ndarray  # TRUTH_MEASURES of the query, from the hidden grades
 
 
+class Visit(NamedTuple):
+    client: str        # client_id
+    session: str       # session_id
+    propensity: float  # this user's clicks: a factor on every result's attractiveness
+
+
 class Users:
     """A user population with skewed activity: user i is picked with a weight drawn from a
-    lognormal (σ 1.5: a few heavy users, a long tail of occasional ones). A user's queries
+    lognormal (σ 1.5: a few heavy users, a long tail of occasional ones), and clicks with a
+    propensity of their own (lognormal, mean 1, σ 0.3), so that one heavy user's queries are
+    alike, as real users' are, and a window's queries are not independent. A user's queries
     less than 30 minutes apart form one session; a longer gap starts a new one."""
 
     def __init__(self, count: int, rng: np.random.Generator, first: int = 0,
                  session_gap_ms: int = SESSION_GAP_MS) -> None:
         weights = rng.lognormal(0.0, 1.5, count)
+        self.propensity = rng.lognormal(-0.3 ** 2 / 2, 0.3, count)
         self.cumulative = np.cumsum(weights) / weights.sum()
         self.first, self.gap_ms = first, session_gap_ms
         self.last_ms: dict[int, int] = {}
         self.session_start: dict[int, int] = {}
 
-    def visit(self, rng: np.random.Generator, now_ms: int) -> tuple[str, str]:
-        """A user's query at `now_ms` (called in time order): (client_id, session_id)."""
+    def visit(self, rng: np.random.Generator, now_ms: int) -> Visit:
+        """A user's query at `now_ms` (called in time order)."""
         i = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.cumulative) - 1)
         last = self.last_ms.get(i)
         if last is None or now_ms - last >= self.gap_ms:
@@ -169,7 +178,7 @@ class Users:
         self.last_ms[i] = now_ms
         user = self.first + i
         # Named by its start: unique across runs, and the same for the same seed and times.
-        return f"u{user}", f"u{user}-{self.session_start[i]}"
+        return Visit(f"u{user}", f"u{user}-{self.session_start[i]}", float(self.propensity[i]))
 
 
 class Simulator:
@@ -241,34 +250,35 @@ class Simulator:
 
     def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None) -> list[Event]:
         """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all)."""
-        client, session = (users or self.users).visit(self.rng, now_ms)
+        visit = (users or self.users).visit(self.rng, now_ms)
         query = self._sample_query()
         results = self.search(query, self._regressed(ranker, elapsed_s))
         return self._events(ranker.name, query, results, [ranker.name] * len(results), {},
-                            now_ms, elapsed_s, client, session)
+                            now_ms, elapsed_s, visit)
 
     def _interleaved(self, now_ms: int, elapsed_s: float) -> list[Event]:
         assert self.interleave is not None
-        client, session = self.users.visit(self.rng, now_ms)
+        visit = self.users.visit(self.rng, now_ms)
         query = self._sample_query()
         a, b = (self._regressed(r, elapsed_s) for r in self.interleave)
         results, team_of = team_draft(self.search(query, a), self.search(query, b), K, self.rng)
         teams = [self.interleave[t].name for t in team_of]
         extra = {"interleaving": {"experiment": self.experiment, "teams": teams}}
-        return self._events(self.experiment, query, results, teams, extra, now_ms, elapsed_s, client, session)
+        return self._events(self.experiment, query, results, teams, extra, now_ms, elapsed_s, visit)
 
     def _events(self, name: str, query: Query, results: list[str], teams: list[str], extra: dict,
-                now_ms: int, elapsed_s: float, client: str, session: str) -> list[Event]:
+                now_ms: int, elapsed_s: float, visit: Visit) -> list[Event]:
         self._queries += 1
         qid = f"{self.run_id}-{self._queries}"
         grades = self.true_grades(query)
         self._tally(name, query, results, grades, now_ms)
-        user = {"client_id": client, "session_id": session}
+        user = {"client_id": visit.client, "session_id": visit.session}
         impression = Event("impressions", qid, {"query_id": qid, "ranker": name, "timestamp": now_ms,
                                                 "results": results, "user_query": query.text, **user, **extra})
         presentation = {r.ranker: 1.0 - r.size for r in self.regressions
                         if r.kind == "clicks" and r.active(elapsed_s)}
-        attractive = [ATTRACTIVE[grades.get(doc, 0)] * presentation.get(team, 1.0)
+        # The presentation problem last: it takes its share of every click, whoever the user.
+        attractive = [min(ATTRACTIVE[grades.get(doc, 0)] * visit.propensity, 1.0) * presentation.get(team, 1.0)
                       for doc, team in zip(results, teams)]
         clicks = self.click_model(attractive, self.rng)
         feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
