@@ -284,6 +284,7 @@ def _serve(args: argparse.Namespace) -> int:
     store, source = _connect(settings, args.create_topics)
     if args.event_clock:
         from rankmeter.clock import EventClock
+        from rankmeter.config import duration_ms
 
         max_future_ms = duration_ms(settings.windows.max_future)
         run(settings, source, store, rebuild=args.rebuild, clock=EventClock(max_future_ms=max_future_ms))
