@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
 from test_prometheus_rules import PROMETHEUS, TEST_FILES, promtool  # noqa: F401 (the fixture)
