@@ -66,7 +66,7 @@ def test_the_bound_is_the_larger_of_the_margin_and_z_standard_errors():
         sd = math.sqrt(sum((v - mean) ** 2 for v in now) / n)
         # The baseline: the median of the last day's values (the new one among them), its
         # error 1.25 × their median error / sqrt(3 hours of history).
-        baseline_error = 1.25 * (0.05 / math.sqrt(400)) / math.sqrt(3 + 1 / 60)
+        baseline_error = 1.25 * (0.05 / math.sqrt(400)) / math.sqrt(3 + 2 / 60)
         z_band = alerts.Z_SCORE * math.hypot(sd / math.sqrt(n), baseline_error)
         assert c.baseline == pytest.approx(0.85)
         assert c.bound == pytest.approx(0.85 - max(alerts.MARGIN * 0.85, z_band))
@@ -87,8 +87,9 @@ def test_just_past_the_bound_holds_just_short_does_not_and_few_queries_never():
 
 def test_no_baseline_before_an_hour_of_history_and_a_day_at_most():
     usual = [0.85] * 400
-    assert fast(with_history(58 / 60, usual).conditions([view("15m", [0.5] * 100)], 59 * 60)) == []
-    assert fast(with_history(59 / 60, usual).conditions([view("15m", [0.5] * 100)], 60 * 60))[0].holds
+    # 59 values a minute apart are not an hour of them; 60 are.
+    assert fast(with_history(57 / 60, usual).conditions([view("15m", [0.5] * 100)], 58 * 60)) == []
+    assert fast(with_history(58 / 60, usual).conditions([view("15m", [0.5] * 100)], 59 * 60))[0].holds
     # Two bad hours within the day do not move the median; values older than a day are gone.
     evaluator = with_history(22, usual)
     for i in range(1, 121):

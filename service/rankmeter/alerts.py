@@ -96,9 +96,11 @@ class Evaluator:
                 if window != rule.window or metric != rule.metric:
                     continue
                 kept = self.history[(ranker, window, metric)]
-                hours = (now_s - kept[0][0]) / HOUR_S
+                # Hours of values a minute apart, as the rule file's count_over_time(…[1d]) / 60:
+                # 60 values (59 minutes apart) are an hour.
+                hours = ((now_s - kept[0][0]) + RECORD_EVERY_S) / HOUR_S
                 if hours < 1:
-                    continue  # an hour of history at least, as the rule file's count_over_time >= 60
+                    continue  # an hour of history at least
                 baseline = statistics.median(m for _, m, _ in kept)
                 baseline_error = 1.25 * statistics.median(e for _, _, e in kept) / math.sqrt(min(hours, 24))
                 band = max(MARGIN * baseline, Z_SCORE * math.hypot(error, baseline_error))
