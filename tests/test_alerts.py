@@ -3,6 +3,7 @@ file's: the same constants, rules, bounds and `for:` semantics."""
 
 import math
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from rankmeter import alerts
 from rankmeter.windows import Sums, WindowView
+from test_prometheus_rules import promtool  # noqa: F401 (the fixture)
 
 RULES_FILE = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yml"
 
@@ -111,3 +113,58 @@ def test_pending_until_the_rules_for_then_firing_and_gone_when_it_stops_holding(
         ("RankmeterQualityDropFast", "firing")]
     assert evaluator.update([view("15m", usual)], t0 + 360) == []
     assert [s for _, s in evaluator.update([view("15m", bad)], t0 + 420)] == ["pending"]  # held anew
+
+
+def test_rankmeter_and_prometheus_fire_the_same_minutes(promtool, tmp_path):
+    """A differential test: the same minutes of window sums through alerts.Evaluator and
+    through the rule file under promtool (annotations left out: the conditions are compared)."""
+    minutes = 160
+
+    def window(t: int, queries: float) -> tuple[float, float, float]:
+        """(Σ value, queries, Σ value²): nDCG@10 0.85 (sd 0.2), sliding to 0.73 from minute
+        90 to 120, back at 0.85 from 135; the traffic breathes."""
+        mean = 0.85 - 0.004 * min(max(t - 90, 0), 30) if t < 135 else 0.85
+        n = round(queries * (1 + 0.2 * math.sin(t / 7)))
+        return mean * n, n, n * (0.04 + mean ** 2)
+
+    sizes = {"15m": 300, "1h": 1200}
+    evaluator = alerts.Evaluator()
+    firing: dict[int, set[tuple[str, str]]] = {}
+    for t in range(minutes):
+        views = [WindowView("r", "", w, 0, 0, {"nDCG@10": Sums(s1, n, s1, n, s2)}, {})
+                 for w, (s1, n, s2) in ((w, window(t, q)) for w, q in sizes.items())]
+        firing[t] = {(c.rule.alert, c.rule.window) for c, state in evaluator.update(views, t * 60.0)
+                     if state == "firing"}
+    fired = {a for states in firing.values() for a in states}
+    assert ("RankmeterQualityDropFast", "15m") in fired and ("RankmeterQualityDrop", "1h") in fired
+    assert not firing[80] and not firing[minutes - 1]
+
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    series = []
+    for w in sizes:
+        values = [window(t, sizes[w]) for t in range(minutes)]
+        labels = f'metric="nDCG@10",ranker="r",segment="",window="{w}"'
+        series += [{"series": f'rankmeter_quality_numerator{{{labels},average="macro"}}',
+                    "values": " ".join(repr(v[0]) for v in values)},
+                   {"series": f'rankmeter_quality_denominator{{{labels},average="macro"}}',
+                    "values": " ".join(repr(float(v[1])) for v in values)},
+                   {"series": f"rankmeter_quality_squares{{{labels}}}", "values": " ".join(repr(v[2]) for v in values)}]
+    series.append({"series": 'rankmeter_ranker_info{ranker="r",role="production"}', "values": f"1x{minutes}"})
+    checks = [{"eval_time": f"{t}m", "alertname": alert,
+               "exp_alerts": [{"exp_labels": {"severity": "page", "metric": "nDCG@10", "ranker": "r", "window": w}}]
+               if (alert, w) in firing[t] else []}
+              for t in range(50, minutes) for alert, w in (("RankmeterQualityDropFast", "15m"),
+                                                           ("RankmeterQualityDrop", "1h"))]
+    (tmp_path / "test.yml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
+        # As a rule group reads its own earlier rules: the recordings of this minute, then the
+        # alerts (by default promtool may evaluate the alert group first, a minute behind).
+        "group_eval_order": [g["name"] for g in rules["groups"]],
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}))
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
