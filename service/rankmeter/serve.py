@@ -86,13 +86,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     def lag_seconds() -> dict[tuple[str, int], float]:
         """Event time behind, per partition: 0 when caught up, else now minus the newest
         record consumed (unknown, and left out, until one is)."""
-        now_ms = clock() * 1000
-        return {tp: 0.0 if n == 0 else max(now_ms - newest[tp], 0.0) / 1000
-                for tp, n in lag.items() if tp[1] in pipeline.partitions and (n == 0 or tp in newest)}
+        now_ms, seen = clock() * 1000, dict(newest)  # dict(): one copy, while the loop writes
+        return {tp: 0.0 if n == 0 else max(now_ms - seen[tp], 0.0) / 1000
+                for tp, n in dict(lag).items() if tp[1] in pipeline.partitions and (n == 0 or tp in seen)}
 
     # Only partitions held now: the lag is sampled once a second, a rebalance at any time.
-    exporter = Exporter(pipeline, health, lambda: {tp: n for tp, n in lag.items() if tp[1] in pipeline.partitions},
-                        lag_seconds)
+    exporter = Exporter(pipeline, health,
+                        lambda: {tp: n for tp, n in dict(lag).items() if tp[1] in pipeline.partitions}, lag_seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
 
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
