@@ -393,6 +393,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rankmeter import logs
     from rankmeter.demo import demo, embedded, kafka_sender
 
+    if not args.speed >= 1:
+        raise UsageError(f"--speed {args.speed:g}: at least 1 (real time)")
     settings = _settings(args)
     logs.configure("WARNING")  # the table is the output
     if os.environ.get("RANKMETER_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("RANKMETER_REDIS_URL"):
@@ -404,8 +406,6 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         source, store, send = embedded(settings)
         mode = "embedded (in-process bus, in-memory store)"
-    if not args.speed >= 1:
-        raise UsageError(f"--speed {args.speed:g}: at least 1 (real time)")
     demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed,
          interleave=args.interleave, speed=args.speed)
     return 0
