@@ -456,8 +456,13 @@ def backfill(samples: Samples, rules: Mapping, start_ms: int, end_ms: int, workd
             for series in prometheus.query_range(rule["expr"], start_ms / 1000, end_ms / 1000, STEP_S):
                 labels = {**{k: v for k, v in series["metric"].items() if k != "__name__"},
                           **{k: str(v) for k, v in rule.get("labels", {}).items()}}
-                per[(rule["record"], tuple(sorted(labels.items())))] = [
-                    (round(float(t) * 1000), float(v)) for t, v in series["values"]]
+                # The record's name replaces the operands' (`a or b` returns series of both
+                # names): the same labels then are one series, as the rule manager stores it.
+                points = per.setdefault((rule["record"], tuple(sorted(labels.items()))), [])
+                points.extend((round(float(t) * 1000), float(v)) for t, v in series["values"])
+        for per in recorded.values():
+            for key, points in per.items():
+                per[key] = sorted(dict(points).items())
         prometheus.stop()
         level_file = workdir / f"recorded-{k}.om"
         write_openmetrics(recorded, level_file)
