@@ -705,8 +705,11 @@ def report(rules: Mapping, samples: Samples, start_ms: int, days: float, injecte
              "Regressions on " + BIG + ":"]
     for r in injected:
         d = delays[r]
+        first = min((f for f in firings if f.severity == "page" and d is not None
+                     and f.start_ms == r.start_ms + d and f.labels.get("ranker") == r.regression.ranker),
+                    key=lambda f: f.alert, default=None)
         lines.append(f"  {r.label:<13} {when(r.start_ms)} for 2 h{realised(samples, r, injected)}: "
-                     + (f"detected after {d / 60_000:.0f} min" if d is not None else "MISSED"))
+                     + (f"detected after {d / 60_000:.0f} min by {first.alert}" if first else "MISSED"))
     lines += ["", "Alerts that fired (ranker: count, severity):"]
     names = sorted({f.alert for f in firings})
     for name in names:
