@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench demo demo-full clean
+.PHONY: help venv services services-down test test-unit bench bench-alerts demo demo-full clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
 	@echo "make services       start the real services on 127.0.0.1 and print their RANKMETER_* settings"
 	@echo "make services-down  stop what 'make services' started"
 	@echo "make bench          run the benchmarks in bench/ against the real services"
+	@echo "make bench-alerts   alert quality on a simulated week (BENCH_ARGS=\"--seed 12 --days 7\")"
 	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
 	@echo "make demo-full      the same on the real Kafka and Redis of 'make services'"
 
@@ -39,6 +40,10 @@ test-unit: venv
 bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py
+
+# Alert quality on a simulated week per seed (about 15 minutes each): docs/benchmarks.md.
+bench-alerts: venv
+	@scripts/run-tests.sh $(BIN)/python bench/alert_quality.py $(or $(BENCH_ARGS),--seed 11 --days 7)
 
 # The whole pipeline in one process: simulator, consumer, join, metrics, /metrics on :9108.
 # Embedded (in-process bus, in-memory store) unless RANKMETER_KAFKA_BOOTSTRAP_SERVERS and
