@@ -70,7 +70,7 @@ def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, t
         for ours, theirs in [("nDCG@10", "ndcg_cut_10"), ("P@10", "P_10"), ("AP", "map"),
                              ("RR", "recip_rank"), ("R@10", "recall_10")]:
             expected = fmean(per_query[q][theirs] for q in judged)
-            for window in ("5m", "1h", "24h"):
+            for window in ("5m", "15m", "1h", "24h"):
                 assert quality(metrics, ours, ranker, window) == pytest.approx(expected, abs=1e-9), (ours, ranker)
         queries = {dict(k[1])["population"]: v for k, v in metrics.items()
                    if k[0] == "rankmeter_queries" and dict(k[1])["ranker"] == ranker
@@ -175,7 +175,7 @@ def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
     # Windows end now: the impression stamped 30 minutes ahead is in none of them yet.
     r3 = {dict(k[1])["window"]: v for k, v in metrics.items()
           if k[0] == "rankmeter_queries" and dict(k[1])["ranker"] == "r3" and dict(k[1])["population"] == "all"}
-    assert r3 == {"5m": 0, "1h": 0, "24h": 0}
+    assert r3 == {"5m": 0, "15m": 0, "1h": 0, "24h": 0}
     # The UBI records joined: r2's q4 had its second result clicked.
     assert quality(metrics, "RR", "r2") == pytest.approx(1 / 2)
     assert quality(metrics, "FirstClickRank", "r2") == 2
