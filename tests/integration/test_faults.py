@@ -122,10 +122,11 @@ def test_stalled_replica_resuming_is_fenced_and_the_sum_is_exact(kafka_bootstrap
     first, second, third = split(messages, 0.5, 0.8)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     # A stalled member is out of the group after 6 s of silence (its heartbeat thread
-    # stops too under SIGSTOP); many small batches: A is stopped mid-stream.
+    # stops too under SIGSTOP). Batches of 500 take long enough to process that A is most
+    # likely stopped inside one: its checkpoint then comes after B's claim, and is fenced.
     settings = {"RANKMETER_KAFKA_CLIENT": "session_timeout_ms=6000,heartbeat_interval_ms=1000,"
                                           "max_poll_interval_ms=10000",
-                "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}
+                "RANKMETER_KAFKA_MAX_POLL_RECORDS": "500"}
     a = Serve(kafka_bootstrap, redis_url, topics, group, prefix, settings, log_path=tmp_path / "a.log").start()
     b = Serve(kafka_bootstrap, redis_url, topics, group, prefix, settings, log_path=tmp_path / "b.log").start()
     try:
@@ -304,7 +305,7 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     first, second, third = split(messages, 0.5, 0.8)
     own = RedisServer(tmp_path / "redis", "--appendonly", "yes", "--appendfsync", "always", "--save", "").start()
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
-                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "500"}, log_path=tmp_path / "serve.log")
     try:
         serve.start()
         produce_chunk(kafka_bootstrap, topics, first)
