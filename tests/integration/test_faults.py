@@ -305,7 +305,7 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     first, second, third = split(messages, 0.5, 0.8)
     own = RedisServer(tmp_path / "redis", "--appendonly", "yes", "--appendfsync", "always", "--save", "").start()
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
-                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "500"}, log_path=tmp_path / "serve.log")
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
     try:
         serve.start()
         produce_chunk(kafka_bootstrap, topics, first)
