@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from rankmeter import config
+from rankmeter.config import duration_ms
 from rankmeter.cli import _parser
 from rankmeter.events import Decoder, Rejected
 from rankmeter.simulator.bm25 import Ranker
 from rankmeter.simulator.clicks import CONTINUE, EXAMINE, cascade, dcm, pbm
 from rankmeter.simulator.corpus import Corpus
 from rankmeter.simulator.history import (DAY_MS, HOUR_MS, MAX_DISORDER_MS, MINUTE_MS, History, arrivals,
-                                         daily, parse_regression, rate_per_hour, resolve_rankers, span_ms,
+                                         daily, parse_regression, rate_per_hour, resolve_rankers,
                                          weekly)
 from rankmeter.simulator.traffic import (DEFAULT_RANKERS, FIRST_CLICK_DELAY, SESSION_GAP_MS, Event,
                                          Regression, Simulator, Users)
@@ -330,7 +331,7 @@ def test_history_is_in_event_time_order_and_goes_minute_by_minute():
         chunk = list(history.until(t))
         assert all(e.timestamp_ms <= t for e in chunk)
         chunked += chunk
-    assert history.done and not list(history.until(math.inf))
+    assert not list(history.until(math.inf))  # nothing was left behind
     assert len(chunked) == len(strict)
     assert sorted(map(repr, chunked)) == sorted(map(repr, strict))  # the same events, only delivered later
     # A little disorder, bounded: an event is at most MAX_DISORDER_MS behind one delivered before it.
@@ -370,11 +371,11 @@ def test_history_events_pass_the_decoder(model):
 # ---- the command line ------------------------------------------------------------------
 
 def test_spans_and_regressions_parse():
-    assert span_ms("7d") == 7 * DAY_MS and span_ms("2d14h") == 62 * HOUR_MS and span_ms("90s") == 90_000
-    assert span_ms("1h30m") == 90 * MINUTE_MS
+    assert duration_ms("7d") == 7 * DAY_MS and duration_ms("2d14h") == 62 * HOUR_MS and duration_ms("90s") == 90_000
+    assert duration_ms("1h30m") == 90 * MINUTE_MS and duration_ms("500ms") == 500
     for bad in ("", "7", "7x", "d", "1h 30m", "-1h"):
         with pytest.raises(ValueError):
-            span_ms(bad)
+            duration_ms(bad)
     assert parse_regression("bm25-tuned:ranking:0.3@2d14h/2h") == Regression(62 * 3600, 7200, "bm25-tuned",
                                                                              "ranking", 0.3)
     assert parse_regression("bm25-canary:clicks:1@0s/30m") == Regression(0, 1800, "bm25-canary", "clicks", 1.0)

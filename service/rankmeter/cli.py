@@ -166,10 +166,10 @@ def _ranker_pair(text: str) -> tuple[str, str]:
 
 
 def _span(text: str) -> int:
-    from rankmeter.simulator.history import span_ms
+    from rankmeter.config import duration_ms
 
     try:
-        ms = span_ms(text)
+        ms = duration_ms(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if ms <= 0:

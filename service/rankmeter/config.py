@@ -116,16 +116,17 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {
     "kafka": Kafka, "redis": Redis, "metrics": Metrics, "evaluation": Evaluation,
     "windows": Windows, "limits": Limits, "ab": AB, "alerts": Alerts}
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def duration_ms(text: str) -> int:
-    """`500ms`, `30s`, `5m`, `1h`, `7d` -> milliseconds."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 7d")
-    return int(m[1]) * _UNIT_MS[m[2]]
+    """`500ms`, `30s`, `5m`, `1h`, `7d`, and sums of them (`2d14h`, `1h30m`) -> milliseconds."""
+    text = text.strip()
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h, 7d or 2d14h")
+    return int(sum(float(n) * _UNIT_MS[u] for n, u in parts))
 
 
 def time_ms(text: str) -> int:

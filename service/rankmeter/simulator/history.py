@@ -31,6 +31,7 @@ from typing import TextIO
 
 import numpy as np
 
+from rankmeter.config import duration_ms
 from rankmeter.simulator.bm25 import Ranker
 from rankmeter.simulator.traffic import (ATTRIBUTION_S, DEFAULT_RANKERS, TRUTH_MEASURES, Event, Regression,
                                          Simulator, TruthPoint, Users, check_regression)
@@ -82,25 +83,13 @@ def resolve_rankers(names: Sequence[str]) -> dict[str, Ranker]:
     return {n: known.get(n, known["bm25-tuned"]._replace(name=n)) for n in names}
 
 
-_SPAN = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
-_SPAN_MS = {"d": DAY_MS, "h": HOUR_MS, "m": MINUTE_MS, "s": 1000}
-
-
-def span_ms(text: str) -> int:
-    """`7d`, `2d14h`, `90m`, `1h30m`, `45s` -> milliseconds."""
-    parts = _SPAN.findall(text.strip())
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        raise ValueError(f"{text!r} is not a duration like 7d, 2d14h, 90m or 30s")
-    return int(sum(float(n) * _SPAN_MS[u] for n, u in parts))
-
-
 def parse_regression(text: str) -> Regression:
     """`RANKER:KIND:SIZE@START/DURATION`, e.g. `bm25-tuned:ranking:0.3@2d14h/2h`."""
     m = re.fullmatch(r"([^:@/]+):([a-z]+):([0-9.]+)@([0-9a-z.]+)/([0-9a-z.]+)", text.strip())
     if not m:
         raise ValueError(f"{text!r} is not RANKER:KIND:SIZE@START/DURATION, e.g. bm25-tuned:ranking:0.3@2d14h/2h")
     ranker, kind, size, start, duration = m.groups()
-    regression = Regression(span_ms(start) / 1000, span_ms(duration) / 1000, ranker, kind, float(size))
+    regression = Regression(duration_ms(start) / 1000, duration_ms(duration) / 1000, ranker, kind, float(size))
     check_regression(regression)  # its ranker is checked by the traffic it applies to
     return regression
 
@@ -177,10 +166,6 @@ class History:
                 return
             self._generate(self._next_ms, min(self._next_ms + MINUTE_MS, self.end_ms))
             self._next_ms += MINUTE_MS
-
-    @property
-    def done(self) -> bool:
-        return self._next_ms >= self.end_ms and not self._heap
 
     def _generate(self, t0: int, t1: int) -> None:
         """One minute's queries of every ranker, in time order (sessions need it)."""
