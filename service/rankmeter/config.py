@@ -22,6 +22,9 @@ class ConfigError(Exception):
     """An invalid setting, phrased for one line."""
 
 
+KAFKA_BACKENDS = ("kafka-python", "confluent")
+
+
 class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     bootstrap_servers: str = "localhost:9092"
     group_id: str = "rankmeter"
@@ -30,9 +33,13 @@ class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     dead_letter_topic: str = "rankmeter.dlq"
     # Passed to kafka-python as they are: security_protocol, sasl_mechanism,
     # sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, …
+    # (the confluent backend maps them to librdkafka's names: confluent_source.py).
     client: dict[str, Any] = {}
     max_poll_records: int = 5000
     poll_timeout_ms: int = 200
+    # The Kafka client: kafka-python (the default, always installed) or confluent
+    # (librdkafka, `pip install 'rankmeter[confluent]'`: faster, fetches in its own threads).
+    backend: str = "kafka-python"
 
 
 class Redis(msgspec.Struct, forbid_unknown_fields=True):
@@ -60,6 +67,10 @@ class Evaluation(msgspec.Struct, forbid_unknown_fields=True):
     long_dwell_ms: int = 30_000    # a click with at least this dwell ...
     long_dwell_grade: float = 2.0  # ... has this grade
     reject_unknown_actions: bool = False  # else counted `ignored`
+    # A judgment may carry a label instead of a grade: Amazon ESCI's, by default.
+    labels: dict[str, float] = msgspec.field(default_factory=lambda: {
+        "Exact": 3.0, "Substitute": 2.0, "Complement": 1.0, "Irrelevant": 0.0,
+        "E": 3.0, "S": 2.0, "C": 1.0, "I": 0.0})
 
 
 class Windows(msgspec.Struct, forbid_unknown_fields=True):
@@ -73,6 +84,9 @@ class Windows(msgspec.Struct, forbid_unknown_fields=True):
     judgments: str = "24h"
     max_past: str = "7d"       # older event timestamps are invalid
     max_future: str = "1h"     # so are timestamps further ahead than this
+    # A list assembled from a query's impression events (UBI records without hit ids) is
+    # evaluated once the query record's time plus this has passed in event time.
+    list_settle: str = "10s"
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,6 +96,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_segments: int = 20    # so are further segment values
     label_idle: str = "7d"    # a ranker or segment unseen this long frees its place under the cap
     ubi_ranker_attribute: str = "ranker"
+    # query_attributes.<this>: how many results a UBI query record without hit ids showed;
+    # its list is complete once that many documents have impression events.
+    ubi_hits_attribute: str = "hits"
 
 
 class AB(msgspec.Struct, forbid_unknown_fields=True):
@@ -233,7 +250,7 @@ def _check(s: Settings) -> None:
     def fail(setting: str, problem: str) -> None:
         raise ConfigError(f"invalid configuration: {setting}: {problem}")
 
-    for name in ("attribution", "grace", "judgments", "max_past", "max_future"):
+    for name in ("attribution", "grace", "judgments", "max_past", "max_future", "list_settle"):
         try:
             duration_ms(getattr(s.windows, name))
         except ValueError as e:
@@ -267,6 +284,10 @@ def _check(s: Settings) -> None:
         fail("evaluation.grades", "grades must be >= 0")
     if "judgment" in s.evaluation.grades:
         fail("evaluation.grades", "`judgment` takes its grade from the event, not the map")
+    if "impression" in s.evaluation.grades:
+        fail("evaluation.grades", "`impression` events place documents in lists; they have no grade")
+    if any(not g >= 0 for g in s.evaluation.labels.values()):
+        fail("evaluation.labels", "grades must be >= 0")
     if not 0 < s.metrics.port < 65536:
         fail("metrics.port", f"{s.metrics.port} is not a TCP port")
     if not s.redis.url.startswith(("redis://", "rediss://", "unix://")):
@@ -294,3 +315,5 @@ def _check(s: Settings) -> None:
             fail("ab.start", f"{s.ab.start!r} is neither epoch milliseconds nor an RFC 3339 time")
     if s.kafka.max_poll_records < 1:
         fail("kafka.max_poll_records", "must be at least 1")
+    if s.kafka.backend not in KAFKA_BACKENDS:
+        fail("kafka.backend", f"must be {' or '.join(KAFKA_BACKENDS)}")

@@ -27,6 +27,11 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     segment: str = ""
     experiment: str = ""     # a team-draft interleaving experiment, when the list is interleaved ...
     teams: list[str] = []    # ... and the ranker (team) that contributed each position of `results`
+    # A UBI query record without its hit ids: the list comes from the query's `impression`
+    # events (join.py), `results` stays empty here; `expected` is how many results the
+    # record says were shown (0: not said).
+    assemble: bool = False
+    expected: int = 0
 
 
 class Feedback(msgspec.Struct, array_like=True, frozen=True):
@@ -37,7 +42,12 @@ class Feedback(msgspec.Struct, array_like=True, frozen=True):
     doc_id: str
     grade: float          # the grade this event gives the document (brief §3)
     explicit: bool        # a `judgment`: replaces earlier grades instead of maxing with them
+    # As sent, 1-based for native events; for UBI events see `_ubi_position`. Ranks come from
+    # the impression's list; the position only orders a list assembled from impression events.
     position: int | None = None
+
+
+IMPRESSION_ACTION = "impression"  # a feedback event that places a document in its query's list
 
 
 class Rejected(NamedTuple):
@@ -86,6 +96,7 @@ class _NativeFeedback(msgspec.Struct):
     position: int | None = None
     dwell_ms: int | None = None
     grade: float | None = None
+    label: str | None = None  # a judgment's label (ESCI's Exact, …), graded by evaluation.labels
 
 
 class _UbiObject(msgspec.Struct):
@@ -93,12 +104,16 @@ class _UbiObject(msgspec.Struct):
 
 
 class _UbiPosition(msgspec.Struct):
-    ordinal: int | None = None
+    ordinal: int | None = None   # 1-based in the UBI schema; the UBI data generator writes 0-based
+    index: int | None = None     # 0-based (what some collectors send)
 
 
 class _UbiEventAttributes(msgspec.Struct):
     object: _UbiObject | None = None
     position: _UbiPosition | None = None
+    rank: int | None = None      # 0-based (the UBI data generator's older shape)
+    grade: float | None = None   # an explicit judgment's grade ...
+    label: str | None = None     # ... or its label
 
 
 class _UbiEvent(msgspec.Struct):
@@ -112,6 +127,8 @@ class _UbiEvent(msgspec.Struct):
 
 
 _UBI_HIT_KEYS = ("query_response_hit_ids", "query_response_object_ids", "query_response_objects_ids")
+# What tells a UBI query record from a native impression missing its `results`.
+_UBI_QUERY_KEYS = {*_UBI_HIT_KEYS, "application", "query_attributes", "query_response_id"}
 
 
 class Decoder:
@@ -120,6 +137,8 @@ class Decoder:
     def __init__(self, settings: Settings) -> None:
         self.max_results = settings.limits.max_results
         self.ranker_attribute = settings.limits.ubi_ranker_attribute
+        self.hits_attribute = settings.limits.ubi_hits_attribute
+        self.labels = dict(settings.evaluation.labels)
         self.grades = dict(settings.evaluation.grades)
         self.long_dwell_ms = settings.evaluation.long_dwell_ms
         self.long_dwell_grade = settings.evaluation.long_dwell_grade
@@ -145,7 +164,7 @@ class Decoder:
             native = self._native_impression.decode(value)
         except msgspec.ValidationError as e:  # (a DecodeError too: this clause comes first)
             raw = self._decode_any(value)
-            if isinstance(raw, dict) and any(k in raw for k in _UBI_HIT_KEYS) and "results" not in raw:
+            if isinstance(raw, dict) and "results" not in raw and _UBI_QUERY_KEYS & raw.keys():
                 return self._ubi_query(raw, now_ms)
             return Rejected("invalid", _why(e, "impression"))
         except msgspec.DecodeError as e:
@@ -161,16 +180,23 @@ class Decoder:
             ubi = msgspec.convert(raw, _UbiQuery)
         except msgspec.ValidationError as e:
             return Rejected("invalid", _why(e, "UBI query"))
-        hits = next(h for h in (ubi.query_response_hit_ids, ubi.query_response_object_ids,
-                                ubi.query_response_objects_ids) if h is not None)
+        hits = next((h for h in (ubi.query_response_hit_ids, ubi.query_response_object_ids,
+                                 ubi.query_response_objects_ids) if h), [])
         attributes = ubi.query_attributes or {}
         ranker = attributes.get(self.ranker_attribute, ubi.application)
         if not isinstance(ranker, str) or not ranker:
             return Rejected("invalid", f"UBI query has no ranker: neither query_attributes."
                                        f"{self.ranker_attribute} nor application is a non-empty string")
         segment = attributes.get("segment")
-        return self._impression(ubi.query_id, ranker, ubi.timestamp, [str(h) for h in hits],
-                                segment if isinstance(segment, str) else "", now_ms)
+        impression = self._impression(ubi.query_id, ranker, ubi.timestamp, [str(h) for h in hits],
+                                      segment if isinstance(segment, str) else "", now_ms)
+        if hits or isinstance(impression, Rejected):
+            return impression
+        # No hit ids (the UBI data generator, the JavaScript collector): the query's
+        # impression events will say what was shown.
+        expected = attributes.get(self.hits_attribute)
+        expected = expected if isinstance(expected, int) and 0 < expected <= self.max_results else 0
+        return msgspec.structs.replace(impression, assemble=True, expected=expected)
 
     def _impression(self, query_id: str, ranker: str, timestamp: str | int, results: list[str],
                     segment: str, now_ms: int) -> Impression | Rejected:
@@ -203,7 +229,7 @@ class Decoder:
             return Rejected("invalid", f"not UTF-8 JSON: {e}")
         return self._feedback(native.event_id, native.query_id, native.timestamp, native.action,
                               native.doc_id, native.position, native.dwell_ms, native.grade,
-                              value, now_ms)
+                              native.label, value, now_ms)
 
     def _ubi_event(self, raw: dict, value: bytes, now_ms: int) -> Feedback | Rejected:
         try:
@@ -213,18 +239,19 @@ class Decoder:
         attributes = ubi.event_attributes or _UbiEventAttributes()
         doc_id = attributes.object.object_id if attributes.object else None
         doc_id = str(doc_id) if doc_id is not None else None
-        position = attributes.position.ordinal if attributes.position else None
+        position = _ubi_position(attributes)
         if doc_id is None and self._known(ubi.action_name):
             return Rejected("invalid", "UBI event has no event_attributes.object.object_id")
         return self._feedback(ubi.message_id, ubi.query_id, ubi.timestamp, ubi.action_name,
-                              doc_id or "", position, None, None, value, now_ms)
+                              doc_id or "", position, None, attributes.grade, attributes.label, value, now_ms,
+                              first_position=0)
 
     def _known(self, action: str) -> bool:
-        return action == "judgment" or action in self.grades
+        return action in ("judgment", IMPRESSION_ACTION) or action in self.grades
 
     def _feedback(self, event_id: str | None, query_id: str, timestamp: str | int, action: str,
                   doc_id: str, position: int | None, dwell_ms: int | None, grade: float | None,
-                  value: bytes, now_ms: int) -> Feedback | Rejected:
+                  label: str | None, value: bytes, now_ms: int, first_position: int = 1) -> Feedback | Rejected:
         if not self._known(action):
             if self.reject_unknown:
                 return Rejected("invalid", f"unknown action {action!r}")
@@ -234,13 +261,21 @@ class Decoder:
             return Rejected("invalid", problem)
         if not doc_id:
             return Rejected("invalid", "doc_id is empty")
-        if position is not None and position < 1:
-            return Rejected("invalid", f"position {position} is below 1")
+        if position is not None and position < first_position:
+            return Rejected("invalid", f"position {position} is below {first_position}")
         if dwell_ms is not None and dwell_ms < 0:
             return Rejected("invalid", f"dwell_ms {dwell_ms} is negative")
-        if action == "judgment":
+        if action == IMPRESSION_ACTION:
+            if position is None:
+                return Rejected("ignored", "an impression event without a position cannot place its document in a list")
+            event_grade, explicit = 0.0, False
+        elif action == "judgment":
+            if grade is None and label is not None:
+                if label not in self.labels:
+                    return Rejected("invalid", f"judgment label {label[:100]!r} is not in evaluation.labels")
+                grade = self.labels[label]
             if grade is None:
-                return Rejected("invalid", "a judgment needs a grade")
+                return Rejected("invalid", "a judgment needs a grade (or a label in evaluation.labels)")
             if not grade >= 0 or grade == float("inf"):
                 return Rejected("invalid", f"grade {grade} is not a number >= 0")
             event_grade, explicit = float(grade), True
@@ -280,6 +315,17 @@ class Decoder:
         if ms > now_ms + self.max_future_ms:
             return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
         return ms
+
+
+def _ubi_position(attributes: _UbiEventAttributes) -> int | None:
+    """A UBI event's position as a sort key: `position.ordinal` as sent (1-based in the UBI
+    schema, 0-based from the UBI data generator: only the order is used), else the 0-based
+    `position.index` or `rank`, plus one."""
+    p = attributes.position
+    if p is not None and p.ordinal is not None:
+        return p.ordinal
+    zero_based = p.index if p is not None and p.index is not None else attributes.rank
+    return zero_based + 1 if zero_based is not None else None
 
 
 def _interleaved(impression: Impression, shown: list[str], il: _Interleaving) -> Impression | Rejected:

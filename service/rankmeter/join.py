@@ -13,7 +13,8 @@ import msgspec
 import numpy as np
 
 from rankmeter.engine import Clicks
-from rankmeter.events import Feedback, Impression
+from rankmeter.engine.query import first_occurrences
+from rankmeter.events import IMPRESSION_ACTION, Feedback, Impression
 
 
 class Judgment(msgspec.Struct, array_like=True):
@@ -36,6 +37,14 @@ class QueryRecord(msgspec.Struct, array_like=True):
     ab_contribution: bytes = b""     # what the query adds to its experiment arm's sums
     ab_experiment: str = ""          # the experiment those sums belong to
     interleaving_outcome: int = -1   # 0: team A won, 1: team B, 2: a tie, -1: no click yet
+    # A query whose record came without its list (UBI without hit ids): the record, until
+    # the list is complete, and the (position, document, time) of its impression events so far.
+    header: Impression | None = None
+    shown: list[tuple[int, str, int]] = []
+
+    @property
+    def assembling(self) -> bool:
+        return self.header is not None and self.impression is None
 
     def grade(self, doc: str) -> float:
         """An explicit judgment if any (the latest wins), else the highest implicit grade;
@@ -62,12 +71,21 @@ class Attribution(NamedTuple):
 def apply_impression(record: QueryRecord, impression: Impression, attribution: Attribution
                      ) -> tuple[str, list[tuple[str, str]]]:
     """Returns the impression's outcome and, for feedback that was waiting for it, the
-    (outcome, document) of each. The first impression of a query wins."""
-    if record.impression is not None:
-        return ("duplicate" if record.impression == impression else "conflict"), []
+    (outcome, document) of each. The first impression of a query wins. One without its
+    list (`assemble`) waits for its impression events: `pending` (see `settle`)."""
+    first = record.header or record.impression  # a settled query keeps its record to compare
+    if first is not None:
+        return ("duplicate" if first == impression else "conflict"), []
+    if impression.assemble:
+        record.header = impression
+        return "pending", []
+    return "applied", _show(record, impression, attribution)
+
+
+def _show(record: QueryRecord, impression: Impression, attribution: Attribution) -> list[tuple[str, str]]:
     record.impression = impression
     waiting, record.pending = record.pending, []
-    return "applied", [(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
+    return [(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
 
 
 def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribution,
@@ -80,10 +98,39 @@ def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribu
     if len(record.event_ids) >= max_events:
         return "flooded"
     record.event_ids.add(feedback.event_id)
+    if feedback.action == IMPRESSION_ACTION:
+        if record.impression is None:
+            record.shown.append((feedback.position, feedback.doc_id, feedback.timestamp_ms))
+            return "pending"
+        # The list is known (from the query record, or settled): the event adds nothing,
+        # or comes too late to place its document.
+        return "ignored" if feedback.doc_id in record.impression.results else "late"
     if record.impression is None:
         record.pending.append(feedback)
         return "pending"
     return _apply(record, feedback, attribution)
+
+
+def complete(record: QueryRecord) -> bool:
+    """A list being assembled has every result its query record announced."""
+    header = record.header
+    return (header is not None and record.impression is None and header.expected > 0
+            and len({doc for _, doc, _ in record.shown}) >= header.expected)
+
+
+def settle(record: QueryRecord, attribution: Attribution, max_results: int
+           ) -> tuple[int, list[tuple[str, str]]]:
+    """Turn an assembling query into an evaluated one: its list is its impression events'
+    documents ordered by position (ties in arrival order), each at its first position, at
+    most `max_results`; an empty list when none came (a query that showed nothing).
+    Returns how many impression events it used and the waiting feedback's outcomes."""
+    header = record.header
+    assert header is not None and record.impression is None
+    ordered = [doc for _, doc, _ in sorted(record.shown, key=lambda shown: shown[0])]
+    results = first_occurrences(ordered)[:max_results]
+    used, record.shown = len(record.shown), []
+    impression = msgspec.structs.replace(header, results=results, assemble=False, expected=0)
+    return used, _show(record, impression, attribution)
 
 
 def _apply(record: QueryRecord, fb: Feedback, attribution: Attribution) -> str:

@@ -32,7 +32,7 @@ from rankmeter.checkpoint import Checkpoint
 from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
 from rankmeter.events import Decoder, Feedback, Impression, Rejected
-from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of
+from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
 from rankmeter.source import Record
 from rankmeter.store import FENCED, Store
 from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_views
@@ -68,6 +68,11 @@ class PartitionState:
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
         self.open_queries = 0
+        # Queries assembling their list from impression events -> settle deadline (event
+        # time). The store has the deadline too (the watermark settles them after a
+        # restart); this copy settles them on the process clock once the partition is
+        # read to its end and quiet.
+        self.lists: dict[str, int] = {}
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
         """How far event time has certainly come in this partition: the lower of the two
@@ -117,9 +122,11 @@ class Pipeline:
         self.layout = layout_for(settings)
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
+        self.max_results = settings.limits.max_results
         w = settings.windows
         implicit_ms = duration_ms(w.attribution) + duration_ms(w.grace)
         self.attribution = Attribution(implicit_ms, max(implicit_ms, duration_ms(w.judgments)))
+        self.settle_ms = duration_ms(w.list_settle)
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
         # Buckets are kept while feedback can still change them and a window shows them.
         self.retention_ms = max(self.windows.values()) + self.attribution.explicit_ms
@@ -288,9 +295,24 @@ class Pipeline:
             if event.timestamp_ms > topics.get(r.topic, -1):
                 topics[r.topic] = event.timestamp_ms
 
-        expired = self._sweep(now_ms)
-        self._load_records(work, expired)
+        expired, due = self._sweep(now_ms)
+        return self._step(work, advanced, newest, expired, due, now_ms)
+
+    def end_of_input(self) -> dict[tuple[str, int], int]:
+        """Settle every list still being assembled from impression events, as if event time
+        had passed their settle deadlines, and persist them: the end of a replayed file."""
+        now_ms = int(self.clock() * 1000)
+        self._counts = {}
+        due = {p: list(ps.lists) for p, ps in self.partitions.items() if ps.lists}
+        return self._step({}, {}, {}, {}, due, now_ms)
+
+    def _step(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
+              advanced: dict[int, dict[str, int]], newest: dict[int, dict[str, int]],
+              expired: dict[int, list[str]], due: dict[int, list[str]], now_ms: int) -> dict[tuple[str, int], int]:
+        counts = self._counts
+        self._load_records(work, {p: expired.get(p, []) + due.get(p, []) for p in {*expired, *due}})
         touched, changed = self._join(work)
+        self._settle_due(expired, due, touched, changed)
         dirty_buckets = self._evaluate(touched, changed)
         for p, topics in newest.items():
             watermarks = self.partitions[p].watermarks
@@ -339,18 +361,25 @@ class Pipeline:
         if refused:
             self.revoke(refused)
 
-    def _sweep(self, now_ms: int) -> dict[int, list[str]]:
-        """Queries whose impression time plus the attribution window the partition's
-        event-time watermark has passed: closed (their contribution stays) or, when their
-        impression never came, orphaned. Never by the wall clock: a backlog after an
-        outage is joined as it would have been live."""
+    def _sweep(self, now_ms: int) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+        """Queries whose deadline the partition's event-time watermark has passed: closed
+        (their contribution stays), orphaned when their impression never came, or, when
+        their list is being assembled, settled. Never closed by the wall clock: a backlog
+        after an outage is joined as it would have been live. Also (`due`): lists whose
+        settle deadline the process clock has passed in a partition read to its end, so
+        the last queries before a quiet spell are not held back until traffic resumes."""
         if now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS or not self.partitions:
-            return {}
+            return {}, {}
         topics = (self.impressions_topic, self.feedback_topic)
+        due = {}
+        for p, ps in self.partitions.items():
+            if ps.lists and all((t, p) in self.caught_up for t in topics):
+                if ready := [q for q, deadline in ps.lists.items() if deadline <= now_ms]:
+                    due[p] = ready
         watermarks = {p: wm for p, ps in self.partitions.items()
                       if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
         if not watermarks:
-            return {}
+            return {}, due
         found = self.store.expired(watermarks, SWEEP_LIMIT)
         expired = {}
         for p, (qids, open_count) in found.items():
@@ -359,14 +388,14 @@ class Pipeline:
                 expired[p] = qids
         if all(len(q) < SWEEP_LIMIT for q in expired.values()):
             self._last_sweep_ms = now_ms  # else go on closing at the next batch
-        return expired
+        return expired, due
 
     def _load_records(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
-                      expired: dict[int, list[str]]) -> None:
-        """Bring the records the batch needs (and the expired ones, to count orphans) into
-        the cache: one read for all partitions."""
+                      swept: dict[int, list[str]]) -> None:
+        """Bring the records the batch needs (and the swept ones: to count orphans, or to
+        settle their lists) into the cache: one read for all partitions."""
         needed = {p: [event.query_id for _, event in items] for p, items in work.items()}
-        for p, qids in expired.items():
+        for p, qids in swept.items():
             needed.setdefault(p, []).extend(qids)
         wanted = {p: [q for q in dict.fromkeys(qids) if q not in self.partitions[p].records]
                   for p, qids in needed.items()}
@@ -421,14 +450,14 @@ class Pipeline:
                 touched[key] = record
                 if isinstance(event, Impression):
                     outcome, waiting = apply_impression(record, event, self.attribution)
+                    if outcome == "pending":  # its list comes from impression events
+                        self.partitions[p].lists[event.query_id] = event.timestamp_ms + self.settle_ms
+                        if complete(record):
+                            self._settle(key, record, changed)
+                        continue
                     count[("impressions", outcome)] += 1
                     if outcome == "applied":
-                        record.ranker_label = self._label("ranker", event.ranker)
-                        record.segment_label = self._label("segment", event.segment) if event.segment else ""
-                        record.ab_experiment = self._enrol(record)
-                        changed[key] = None
-                        for fb_outcome, _ in waiting:
-                            count[("feedback", fb_outcome)] += 1
+                        self._applied(key, record, waiting, changed)
                 else:
                     outcome = apply_feedback(record, event, self.attribution, self.max_events)
                     if outcome == "flooded":
@@ -437,11 +466,46 @@ class Pipeline:
                                                  f"feedback events (limits.max_events_per_query)")
                     if outcome != "pending":  # counted once, by what becomes of it
                         count[("feedback", outcome)] += 1
+                    elif complete(record):  # the impression event that completes its list
+                        self._settle(key, record, changed)
                     if outcome == "applied" and key not in changed:
                         changed[key] = set()
                     if outcome == "applied" and changed[key] is not None:
                         changed[key].add(event.doc_id)
         return touched, changed
+
+    def _applied(self, key: _Touched, record: QueryRecord, waiting: list[tuple[str, str]],
+                 changed: dict[_Touched, set[str] | None]) -> None:
+        """A query's list is known: label it, enrol it, count the feedback that waited."""
+        impression = record.impression
+        record.ranker_label = self._label("ranker", impression.ranker)
+        record.segment_label = self._label("segment", impression.segment) if impression.segment else ""
+        record.ab_experiment = self._enrol(record)
+        changed[key] = None
+        count = self._counts.setdefault(key.partition, Counter())
+        for fb_outcome, _ in waiting:
+            count[("feedback", fb_outcome)] += 1
+
+    def _settle(self, key: _Touched, record: QueryRecord, changed: dict[_Touched, set[str] | None]) -> None:
+        """Evaluate a query whose list was assembled from impression events (join.settle)."""
+        used, waiting = settle(record, self.attribution, self.max_results)
+        self.partitions[key.partition].lists.pop(key.query_id, None)
+        count = self._counts.setdefault(key.partition, Counter())
+        count[("impressions", "applied")] += 1
+        count[("feedback", "listed")] += used
+        self._applied(key, record, waiting, changed)
+
+    def _settle_due(self, expired: dict[int, list[str]], due: dict[int, list[str]],
+                    touched: dict[_Touched, QueryRecord], changed: dict[_Touched, set[str] | None]) -> None:
+        """Settle the swept queries still assembling their lists (the others close)."""
+        for p in {*expired, *due}:
+            cache = self.partitions[p].records
+            for qid in expired.get(p, []) + due.get(p, []):
+                record = cache.get(qid)
+                if record is not None and record.assembling:
+                    key = _Touched(p, qid)
+                    touched[key] = record
+                    self._settle(key, record, changed)
 
     def _evaluate(self, touched: dict[_Touched, QueryRecord],
                   changed: dict[_Touched, set[str] | None]) -> dict[int, set[BucketKey]]:
@@ -585,7 +649,9 @@ class Pipeline:
                 record = ps.records.pop(qid, None)
                 ps.states.pop(qid, None)
                 if record is not None and record.impression is None:
-                    self._counts.setdefault(p, Counter())[("feedback", "orphaned")] += len(record.pending)
+                    self._counts.setdefault(p, Counter())[("feedback", "orphaned")] += \
+                        len(record.pending) + len(record.shown)
+                ps.lists.pop(qid, None)
                 deleted.append(qid)
             with self.lock:
                 dropped = [b for b in ps.buckets if b.minute < oldest_minute]
@@ -607,12 +673,15 @@ class Pipeline:
     def _deadline(self, record: QueryRecord) -> int:
         """The event time at which the query closes: its impression's time plus the
         longest attribution (judgments'); without an impression yet, counted from its
-        latest feedback (an impression that never comes leaves it orphaned then)."""
+        latest feedback (an impression that never comes leaves it orphaned then). A query
+        assembling its list settles at its record's time plus `windows.list_settle`."""
         if record.impression is not None:
             return record.impression.timestamp_ms + self.attribution.explicit_ms
+        if record.header is not None:
+            return record.header.timestamp_ms + self.settle_ms
         explicit = any(fb.explicit for fb in record.pending)
         window = self.attribution.explicit_ms if explicit else self.attribution.implicit_ms
-        return max(fb.timestamp_ms for fb in record.pending) + window
+        return max([fb.timestamp_ms for fb in record.pending] + [ts for *_, ts in record.shown]) + window
 
     # ---- labels ----
 

@@ -1,0 +1,264 @@
+"""OpenSearch UBI as its own tools write it (issue 12), on the in-process bus and store:
+lists assembled from `impression` events equal the native impressions they stand for,
+whatever the shape, the order of arrival and the batching; when a list is complete; what
+each event counts as; judgments given as labels."""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+
+import pytest
+
+from rankmeter import config
+from rankmeter.events import Decoder, Feedback, Impression, Rejected
+from rankmeter.pipeline import Pipeline
+from rankmeter.source import Bus
+from rankmeter.store import MemoryStore
+
+from test_pipeline import NOW_S, Clock, assert_same, sums
+from ubi_shapes import SHAPES, generator, iso, make_query_event, make_ubi_event, native, searches
+
+NOW_MS = int(NOW_S * 1000)
+SETTINGS = config.load(None, {})
+TOPICS = {"impressions": SETTINGS.kafka.impressions_topic, "feedback": SETTINGS.kafka.feedback_topic}
+
+
+class Feed:
+    """A pipeline on its own bus: `send` a stream of (kind, key, record), then process it."""
+
+    def __init__(self, store: MemoryStore | None = None, clock: Clock | None = None) -> None:
+        self.bus = Bus(partitions=3)
+        self.clock = clock or Clock()
+        self.pipeline = Pipeline(SETTINGS, store or MemoryStore(), lambda r, why: None, self.clock)
+        self.bus.subscribe(list(TOPICS.values()), self.pipeline.assign, self.pipeline.revoke)
+
+    def send(self, stream, batch: int = 10_000) -> Pipeline:
+        for kind, key, record in stream:
+            self.bus.send(TOPICS[kind], key.encode(), json.dumps(record).encode())
+        while records := self.bus.poll(0, batch):
+            self.pipeline.process(records)
+        return self.pipeline
+
+    def tick(self) -> None:
+        """A sweep on the event time the last batch brought (a batch sweeps before it
+        moves the watermarks)."""
+        self.clock.t += 2
+        self.pipeline.process([])
+
+
+def feed(stream, batch: int = 10_000, store: MemoryStore | None = None) -> Pipeline:
+    return Feed(store).send(stream, batch)
+
+
+def events(pipeline: Pipeline) -> dict:
+    return {k: v for k, v in pipeline.events.items() if v}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_assembled_lists_give_the_metrics_of_the_native_events(shape, seed):
+    queries = sorted(searches(seed, 60, NOW_MS), key=lambda q: q.timestamp_ms)
+    rnd = random.Random(seed)
+    stream = []
+    for q in queries:  # each query's records in any order: its query record may come last
+        records = SHAPES[shape]([q])
+        rnd.shuffle(records)
+        stream += records
+    ubi = feed(stream, batch=rnd.randint(1, 40))
+    ubi.end_of_input()
+    reference = feed(native(queries))
+    assert_same(sums(ubi), sums(reference))
+    clicks = sum(len(q.clicks) for q in queries)
+    shown = sum(len(q.shown) for q in queries)
+    assert events(ubi) == {("impressions", "applied"): len(queries), ("feedback", "applied"): clicks,
+                           ("feedback", "listed"): shown}
+
+
+def test_a_list_settles_when_event_time_passes_the_record_time_plus_list_settle():
+    t = NOW_MS - 600_000
+    header = make_query_event(_config("ranker-a"), _row("q1", t))
+    shown = [make_ubi_event(_config("ranker-a"), {**_row("q1", t + 500), "action_name": "impression",
+                                                  "object_id": doc, "position": i}) for i, doc in enumerate("abc")]
+    run = Feed()
+    pipeline = run.send([("impressions", "q1", header)] + [("feedback", "q1", e) for e in shown[:2]])
+    assert events(pipeline) == {}            # waiting for its list
+    # Events of other queries of its partition 9.9 s later: not yet ...
+    run.send([("impressions", "q1", header), ("feedback", "q1", shown[2])])
+    run.send([_other("q1", t + 9_900), _other("q1", t + 9_900, "feedback")])
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1, ("impressions", "duplicate"): 1}
+    # ... 10 s later, the list settles with what it had: "c" came, so it is in.
+    run.send([_other("q1", t + 10_000), _other("q1", t + 10_000, "feedback")])
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 3, ("impressions", "duplicate"): 1,
+                                ("feedback", "listed"): 3}
+    assert run.clock.t - NOW_S < 10  # by event time: the process clock has not moved 10 s
+    record = pipeline.partitions[_partition("q1")].records["q1"]
+    assert record.impression.results == ["a", "b", "c"]
+    # An impression event after that is late, or adds nothing when its document is shown.
+    late = make_ubi_event(_config("ranker-a"), {**_row("q1", t + 11_000), "action_name": "impression",
+                                                "object_id": "d", "position": 3})
+    again = {**shown[0], "timestamp": iso(t + 11_000)}
+    run.send([("feedback", "q1", late), ("feedback", "q1", again)])
+    assert events(pipeline)[("feedback", "late")] == 1 and events(pipeline)[("feedback", "ignored")] == 1
+    assert record.impression.results == ["a", "b", "c"]
+
+
+def test_a_list_is_complete_once_the_announced_number_of_documents_came():
+    t = NOW_MS - 60_000
+    header = {"query_id": "q1", "timestamp": t, "application": "shop", "query_attributes": {"hits": 3},
+              "query_response_hit_ids": []}
+    stream = [("impressions", "q1", header)] + [
+        ("feedback", "q1", _impression_event("q1", t, doc, position)) for doc, position in
+        [("b", 2), ("a", 1), ("b", 5), ("c", 7)]]  # b twice: its first position wins
+    run = Feed()
+    pipeline = run.send(stream[:4])
+    assert events(pipeline) == {}  # two distinct documents of three
+    run.send(stream[4:])            # no time passed: the count completes it
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "listed"): 4}
+    assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["a", "b", "c"]
+
+
+def test_a_query_record_whose_list_never_comes_is_a_query_that_showed_nothing():
+    t = NOW_MS - 600_000
+    header = {"query_id": "q1", "timestamp": t, "application": "shop", "query_response_hit_ids": []}
+    click = {"action_name": "click", "query_id": "q1", "timestamp": t + 1000,
+             "event_attributes": {"object": {"object_id": "x"}}}
+    pipeline = feed([("impressions", "q1", header), ("feedback", "q1", click)])
+    pipeline.end_of_input()
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "unmatched"): 1}
+    view = next(v for v in pipeline.views() if v.window == "24h")
+    assert (view.ranker, view.queries_all, view.sums["Abandonment"].macro()) == ("shop", 1, 1.0)
+
+
+def test_impression_events_whose_query_record_never_comes_are_orphaned():
+    t = NOW_MS - 3_600_000
+    run = Feed()
+    pipeline = run.send([("feedback", "q1", _impression_event("q1", t, "a", 0))])
+    run.send([_other("q1", NOW_MS), _other("q1", NOW_MS, "feedback")])  # event time passes its window
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "orphaned"): 1}
+
+
+def test_a_restart_while_lists_are_open_settles_them_from_the_store():
+    queries = sorted(searches(5, 40, NOW_MS), key=lambda q: q.timestamp_ms)
+    stream = generator(queries)
+    first = Feed()
+    first.send(stream[: len(stream) // 2])
+    assert any(ps.lists for ps in first.pipeline.partitions.values())
+    # A new process on the same store and topics: no list in memory; the watermark settles them.
+    second = Feed(first.pipeline.store)
+    second.bus = first.bus
+    second.bus.subscribe(list(TOPICS.values()), second.pipeline.assign, second.pipeline.revoke)
+    assert not any(ps.lists for ps in second.pipeline.partitions.values())
+    second.send(stream[len(stream) // 2:])
+    later = [_other(q.query_id, NOW_MS, kind) for q in queries[:9] for kind in TOPICS]
+    pipeline = second.send(later)
+    second.tick()
+    reference = feed(native(queries) + later)
+    assert_same(sums(pipeline), sums(reference))
+
+
+def test_lists_of_a_partition_read_to_its_end_settle_on_the_process_clock():
+    t = NOW_MS - 5_000
+    clock = Clock()
+    pipeline = Feed(clock=clock).send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
+                                       ("feedback", "q1", _impression_event("q1", t, "a", 0))])
+    topics = tuple(TOPICS.values())
+    pipeline.caught_up = {(topic, p) for topic in topics for p in range(3)}
+    clock.t += 4  # now = t + 9 s: not yet
+    pipeline.process([])
+    assert events(pipeline) == {}
+    clock.t += 2  # t + 11 s
+    pipeline.process([])
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "listed"): 1}
+
+
+def test_positions_of_every_shape_and_their_bases():
+    decode = Decoder(SETTINGS).feedback
+    base = {"action_name": "impression", "query_id": "q", "timestamp": NOW_MS,
+            "event_attributes": {"object": {"object_id": 7}}}
+
+    def position(**attributes) -> int | None:
+        event = json.loads(json.dumps(base))
+        event["event_attributes"].update(attributes)
+        result = decode(json.dumps(event).encode(), NOW_MS)
+        return result.position if isinstance(result, Feedback) else result
+
+    assert position(position={"ordinal": 1}) == 1      # the UBI schema: 1-based
+    assert position(position={"ordinal": 0}) == 0      # the generator: 0-based, the order is what counts
+    assert position(position={"index": 0}) == 1
+    assert position(rank=0) == 1
+    assert position(position={"ordinal": -1}) == Rejected("invalid", "position -1 is below 0")
+    assert position(position={"x": 3, "y": 4}) == Rejected(
+        "ignored", "an impression event without a position cannot place its document in a list")
+    native_zero = {"query_id": "q", "timestamp": NOW_MS, "action": "click", "doc_id": "d", "position": 0}
+    assert decode(json.dumps(native_zero).encode(), NOW_MS) == Rejected("invalid", "position 0 is below 1")
+
+
+def test_query_records_without_hit_ids_wait_for_their_list():
+    decode = Decoder(SETTINGS).impression
+    record = make_query_event(_config("esci_ubi_sample"), _row("q", NOW_MS))
+    assert decode(json.dumps(record).encode(), NOW_MS) == Impression(
+        "q", "esci_ubi_sample", NOW_MS, [], "", assemble=True)
+    record = {**record, "query_response_hit_ids": [], "query_attributes": {"ranker": "r", "hits": 10}}
+    assert decode(json.dumps(record).encode(), NOW_MS) == Impression("q", "r", NOW_MS, [], "", assemble=True,
+                                                                     expected=10)
+    with_hits = {**record, "query_response_hit_ids": ["a", "b"]}
+    assert decode(json.dumps(with_hits).encode(), NOW_MS) == Impression("q", "r", NOW_MS, ["a", "b"], "")
+
+
+def test_judgments_may_carry_an_esci_label_graded_by_evaluation_labels():
+    decode = Decoder(SETTINGS).feedback
+    judgment = {"query_id": "q", "timestamp": NOW_MS, "action": "judgment", "doc_id": "B01", "event_id": "j"}
+    graded = [decode(json.dumps({**judgment, "label": label}).encode(), NOW_MS)
+              for label in ("Exact", "Substitute", "Complement", "Irrelevant", "E")]
+    assert [(f.grade, f.explicit) for f in graded] == [(3.0, True), (2.0, True), (1.0, True), (0.0, True), (3.0, True)]
+    assert decode(json.dumps({**judgment, "label": "Great"}).encode(), NOW_MS) == Rejected(
+        "invalid", "judgment label 'Great' is not in evaluation.labels")
+    ubi = {"action_name": "judgment", "query_id": "q", "timestamp": NOW_MS,
+           "event_attributes": {"object": {"object_id": "B01"}, "label": "Substitute"}}
+    assert decode(json.dumps(ubi).encode(), NOW_MS).grade == 2.0
+    custom = config.load(None, {"RANKMETER_EVALUATION_LABELS": "perfect=4,bad=0"})
+    assert Decoder(custom).feedback(json.dumps({**judgment, "label": "perfect"}).encode(), NOW_MS).grade == 4.0
+
+
+# ---- helpers ----
+
+def _config(application: str):
+    from types import SimpleNamespace
+    return SimpleNamespace(application=application)
+
+
+def _row(query_id: str, ms: int) -> dict:
+    return {"query_id": query_id, "client_id": "c", "user_query": "q", "session_id": "s", "timestamp": iso(ms),
+            "object_id_field": "product_id", "search_config": "teamA"}
+
+
+def _impression_event(query_id: str, ms: int, doc: str, position: int) -> dict:
+    return make_ubi_event(_config("shop"), {**_row(query_id, ms), "action_name": "impression",
+                                            "object_id": doc, "position": position})
+
+
+def _native(query_id: str, ms: int) -> dict:
+    return {"query_id": query_id, "ranker": "zz", "timestamp": ms, "results": ["z"]}
+
+
+def _other(like: str, ms: int, kind: str = "impressions") -> tuple[str, str, dict]:
+    """An event of another query in the same partition as `like`, at `ms`: it moves that
+    partition's event time."""
+    qid = next(f"other{n}" for n in range(10_000) if _partition(f"other{n}") == _partition(like)
+               and not _used.get(f"other{n}"))
+    _used[qid] = True
+    if kind == "impressions":
+        return ("impressions", qid, _native(qid, ms))
+    return ("feedback", qid, {"query_id": qid, "action": "click", "doc_id": "z", "timestamp": ms})
+
+
+_used: dict[str, bool] = {}
+
+
+def _partition(query_id: str) -> int:
+    return zlib.crc32(query_id.encode()) % 3  # as the bus partitions
