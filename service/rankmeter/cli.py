@@ -228,7 +228,8 @@ def _reaching(settings) -> Iterator[None]:
     import redis
     from kafka.errors import KafkaError, KafkaTimeoutError
 
-    from rankmeter.kafka_source import TopicMismatch
+    from rankmeter.config import ConfigError
+    from rankmeter.kafka_source import KafkaUnreachable, TopicMismatch
 
     try:
         yield
@@ -240,13 +241,18 @@ def _reaching(settings) -> Iterator[None]:
         hint = " (is it up, and do kafka.client's security settings match its listener?)" \
             if isinstance(e, KafkaTimeoutError) else ""
         raise ServiceError(redact(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e}{hint}")) from None
+    except KafkaUnreachable as e:  # the confluent backend: librdkafka's reason, as plain text
+        raise ServiceError(redact(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {e} (is it up, and "
+                                  f"do kafka.client's security settings match its listener?)")) from None
+    except ConfigError as e:  # kafka.client's settings the confluent backend cannot take, or it is not installed
+        raise UsageError(str(e)) from None
     except TopicMismatch as e:
         raise ServiceError(str(e)) from None
 
 
 def _connect(settings, create_topics: int | None):
     """The real store and source, checked: Redis answers, the topics are co-partitioned."""
-    from rankmeter.kafka_source import KafkaSource
+    from rankmeter.kafka_source import open_source
     from rankmeter.redis_store import RedisStore
     from rankmeter.kafka_source import create_topics as create
 
@@ -256,7 +262,7 @@ def _connect(settings, create_topics: int | None):
         _check_eviction(settings, store)
         if create_topics:
             create(settings.kafka, create_topics)
-        source = KafkaSource(settings.kafka)
+        source = open_source(settings.kafka)
         source.check_topics([settings.kafka.impressions_topic, settings.kafka.feedback_topic])
     return store, source
 

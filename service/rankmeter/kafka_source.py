@@ -1,5 +1,6 @@
 """The Kafka adapter (kafka-python): one consumer in a group on both topics, and a
-producer for the dead-letter topic.
+producer for the dead-letter topic. `open_source` picks it or the confluent-kafka one
+(`confluent_source.py`) by `kafka.backend`.
 
 Offsets are resumed from the store, not from Kafka: the store keeps them atomically
 with the state they produced. Kafka's committed offsets are still written after each
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
@@ -23,8 +24,12 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaConfigurationError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
+from rankmeter.config import ConfigError
 from rankmeter.config import Kafka as KafkaSettings
 from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
+
+if TYPE_CHECKING:
+    from rankmeter.confluent_source import ConfluentSource
 
 log = logging.getLogger("rankmeter.kafka")
 
@@ -45,6 +50,26 @@ JOIN_WATCHDOG_MARGIN_S = 15.0
 
 class TopicMismatch(Exception):
     """The two topics are missing or not co-partitioned."""
+
+
+class KafkaUnreachable(Exception):
+    """No answer from the broker at start (down, or refusing the credentials or the TLS):
+    raised by the confluent backend; kafka-python raises its own KafkaError."""
+
+
+def open_source(settings: KafkaSettings, client_id: str = "rankmeter") -> KafkaSource | ConfluentSource:
+    """The source of `kafka.backend`: kafka-python (the default) or confluent (librdkafka,
+    an extra: imported only when chosen)."""
+    if settings.backend == "confluent":
+        try:
+            from rankmeter.confluent_source import ConfluentSource
+        except ImportError as e:
+            if e.name is None or not e.name.startswith("confluent_kafka"):
+                raise
+            raise ConfigError("invalid configuration: kafka.backend: confluent needs the confluent-kafka "
+                              "package: pip install 'rankmeter[confluent]'") from None
+        return ConfluentSource(settings, client_id)
+    return KafkaSource(settings, client_id)
 
 
 class _Listener(ConsumerRebalanceListener):
