@@ -428,10 +428,19 @@ def test_every_record_skipped_is_exit_2_with_the_summary(tmp_path):
     assert out.stderr == "rankmeter replay: error: every record was skipped (2): nothing produced\n"
 
 
-def test_window_is_checked_and_needs_embedded(tmp_path):
-    path = write(tmp_path, "q.ndjson", [generator_query("q1")])
-    out = run_replay("--embedded", "--window", "2h", path)
+def test_any_window_with_embedded_ends_at_the_last_event(tmp_path):
+    day = 86_400_000
+    last = 1_700_000_000_000
+    records = [{"query_id": f"q{d}", "ranker": "bm25", "timestamp": last - d * day + 1, "results": ["a"]}
+               for d in range(6, -1, -1)]   # one query a day for a week, each 1 ms after a day boundary
+    path = write(tmp_path, "week.ndjson", records)
+    for window, queries in (("7d", 7), ("3d", 3), (None, 1)):   # default: the largest configured, 24h
+        out = run_replay("--embedded", *(["--window", window] if window else []), path)
+        assert out.returncode == 0, out.stderr
+        row = next(line.split() for line in out.stdout.splitlines() if line.startswith("bm25 "))
+        assert int(row[1]) == queries, window
+    out = run_replay("--embedded", "--window", "week", path)
     assert out.returncode == 2 and out.stderr == (
-        "rankmeter replay: error: --window 2h: the configured windows are 5m, 15m, 1h, 24h\n")
+        "rankmeter replay: error: --window: 'week' is not a duration like 30s, 5m, 1h, 7d or 2d14h\n")
     out = run_replay("--window", "1h", path)
     assert out.returncode == 2 and "--window and --baseline need --embedded" in out.stderr

@@ -170,7 +170,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the pipeline in-process (in-process bus, in-memory store, event clock) and "
                          "print the report table instead of producing to Kafka")
     rl.add_argument("--window", help="with --embedded: the window to show, ending at the last replayed "
-                                     "event (default: the largest configured, so a replayed day shows whole)")
+                                     "event: a configured one or any duration, e.g. 7d for the UBI data "
+                                     "generator's week (default: the largest configured, so a replayed day "
+                                     "shows whole)")
     rl.add_argument("--baseline", metavar="RANKER",
                     help="with --embedded: show the other rankers' differences to this one")
     rl.add_argument("--create-topics", type=int, default=4, metavar="PARTITIONS",
@@ -504,6 +506,8 @@ def _report(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     import logging
 
+    import msgspec
+
     from rankmeter import logs, replay
     from rankmeter.config import duration_ms
     from rankmeter.demo import render
@@ -518,7 +522,13 @@ def _replay(args: argparse.Namespace) -> int:
     if not args.embedded and (args.window or args.baseline):
         raise UsageError("--window and --baseline need --embedded (for what serve stored: rankmeter report)")
     if window not in settings.windows.sizes:
-        raise UsageError(f"--window {window}: the configured windows are {', '.join(settings.windows.sizes)}")
+        # The embedded pipeline is this run's own: any window can be one of its windows.
+        try:
+            duration_ms(window)
+        except ValueError as e:
+            raise UsageError(f"--window: {e}") from None
+        settings = msgspec.structs.replace(
+            settings, windows=msgspec.structs.replace(settings.windows, sizes=[*settings.windows.sizes, window]))
     judgments = replay.load_judgments(args.judgments) if args.judgments else None
     inputs = replay.open_inputs(args.files, args.format)
     show = sys.stderr if args.progress or sys.stderr.isatty() else None
