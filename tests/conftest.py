@@ -11,6 +11,7 @@ When none can be had, integration tests skip on a developer's machine and fail u
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from collections.abc import Iterator
@@ -118,3 +119,16 @@ def prometheus_url(services: Services) -> str:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return services.prometheus_url
+
+
+@pytest.fixture(params=["kafka-python", "confluent"])
+def kafka_backend(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Each Kafka client backend in turn, as the environment that selects it for `rankmeter
+    serve`: the end-to-end, crash, fencing, broker-restart and security tests hold on both.
+    confluent-kafka is an extra (in `.[test]`): never skipped in CI."""
+    if request.param == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+        message = "confluent-kafka is not installed (pip install -e '.[test]')"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return {"RANKMETER_KAFKA_BACKEND": request.param}

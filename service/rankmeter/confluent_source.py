@@ -32,7 +32,7 @@ from rankmeter.kafka_source import (COMMITTED_TIMEOUT_MS, COORDINATOR_GRACE_S, L
 from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
 
 log = logging.getLogger("rankmeter.kafka")
-librdkafka_log = logging.getLogger("rankmeter.librdkafka")
+librdkafka_log = logging.getLogger("librdkafka")  # the library's own lines, as kafka-python's are "kafka"
 
 # librdkafka reports the group coordinator's state in its statistics, once this often.
 STATS_INTERVAL_MS = 1000

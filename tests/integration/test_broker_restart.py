@@ -70,13 +70,13 @@ def private_broker(tmp_path: Path) -> Iterator[PrivateBroker]:
         broker.stop()
 
 
-def test_kafka_broker_restarted_mid_stream_recovers_exactly(private_broker, redis_url, tmp_path):
+def test_kafka_broker_restarted_mid_stream_recovers_exactly(private_broker, redis_url, kafka_backend, tmp_path):
     bootstrap = private_broker.bootstrap
     topics = unique_topics(bootstrap)
     first, second, third = split(messages_of(topics, seed=53, queries=3000), 0.5, 0.8)
     log_path = tmp_path / "serve.log"
     serve = Serve(bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
-                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=log_path)
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100", **kafka_backend}, log_path=log_path)
     try:
         serve.start()
         produce_chunk(bootstrap, topics, first)
@@ -93,7 +93,7 @@ def test_kafka_broker_restarted_mid_stream_recovers_exactly(private_broker, redi
         assert serve.process.poll() is None, "serve died with Kafka away"
         during = log_path.read_text()[log_before:].splitlines()
         assert not any("Traceback" in line for line in during), during[-30:]
-        # No log loop either: rankmeter says it once; kafka-python's reconnect errors follow
+        # No log loop either: rankmeter says it once; the client's reconnect errors follow
         # its reconnect backoff (a few lines a second).
         ours = [line for line in during if '"logger": "rankmeter.' in line and '"progress"' not in line]
         assert len(ours) <= 3, ours

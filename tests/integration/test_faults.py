@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -114,30 +116,89 @@ class RedisServer:
             self.process = None
 
 
+class ScriptHoldingProxy:
+    """A TCP relay between one replica and the real Redis that, once armed, holds the
+    replica's next Lua script call — made only inside a batch (the checkpoint, or the label
+    cap's admission before it) — until released: where the stalled replica stopped is then
+    certain, not a matter of timing. Everything else passes through untouched."""
+
+    def __init__(self, redis_url: str) -> None:
+        target = urlsplit(redis_url)
+        self.target = (target.hostname, target.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}{target.path}"
+        self.armed = False
+        self.held, self.released = threading.Event(), threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.released.set()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                # redis-py sends each command whole: its name is a RESP bulk string near the start.
+                if requests and self.armed and (b"\r\nEVALSHA\r\n" in data or b"\r\nEVAL\r\n" in data):
+                    self.armed = False
+                    self.held.set()
+                    self.released.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
 # ---- 1. zombie fencing ----
 
-def test_stalled_replica_resuming_is_fenced_and_the_sum_is_exact(kafka_bootstrap, redis_url, tmp_path):
+def test_stalled_replica_resuming_is_fenced_and_the_sum_is_exact(kafka_bootstrap, redis_url, kafka_backend,
+                                                                 tmp_path):
     topics = unique_topics(kafka_bootstrap)
     messages = messages_of(topics, seed=21, queries=3000)
     first, second, third = split(messages, 0.5, 0.8)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     # A stalled member is out of the group after 6 s of silence (its heartbeat thread
-    # stops too under SIGSTOP). Batches of 500 take long enough to process that A is most
-    # likely stopped inside one: its checkpoint then comes after B's claim, and is fenced.
+    # stops too under SIGSTOP).
     settings = {"RANKMETER_KAFKA_CLIENT": "session_timeout_ms=6000,heartbeat_interval_ms=1000,"
                                           "max_poll_interval_ms=10000",
-                "RANKMETER_KAFKA_MAX_POLL_RECORDS": "500"}
-    a = Serve(kafka_bootstrap, redis_url, topics, group, prefix, settings, log_path=tmp_path / "a.log").start()
+                "RANKMETER_KAFKA_MAX_POLL_RECORDS": "500", **kafka_backend}
+    proxy = ScriptHoldingProxy(redis_url)  # A's way to Redis; B's is direct
+    a = Serve(kafka_bootstrap, proxy.url, topics, group, prefix, settings, log_path=tmp_path / "a.log").start()
     b = Serve(kafka_bootstrap, redis_url, topics, group, prefix, settings, log_path=tmp_path / "b.log").start()
     try:
         wait_until(lambda: held(a) == 2 and held(b) == 2, 60, "A and B to share the partitions")
+        # A stalls inside a batch: its first script call of the chunk is held, then A is
+        # frozen (SIGSTOP: a GC pause, a frozen VM) with that batch in hand, not yet written.
+        proxy.arm()
         produce_chunk(kafka_bootstrap, topics, first)
-        # Stop A while it works through its backlog: it holds a batch it has not written.
-        wait_until(lambda: sum(a.events().values()) >= len(first) / 8, 120, "A to be mid-stream", interval=0.01)
+        wait_until(proxy.held.is_set, 60, "A to be inside a batch")
         a.process.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
             wait_until(lambda: held(b) == 4, 60, "B to take over A's partitions")
+            # B has claimed A's partitions: A's held call reaches Redis only now (A still frozen).
+            proxy.release()
             produce_chunk(kafka_bootstrap, topics, second)
             wait_until(lambda: len(lags(b)) == 8 and sum(lags(b)) == 0, 120, "B to catch up alone")
             # Past the session timeout and the poll interval: A is a zombie.
@@ -160,6 +221,7 @@ def test_stalled_replica_resuming_is_fenced_and_the_sum_is_exact(kafka_bootstrap
         got = summed([a, b])
         fenced = counter(a, "rankmeter_partitions_fenced_total")
     finally:
+        proxy.close()
         for r in (a, b):
             if r.process is not None:
                 r.process.send_signal(signal.SIGCONT)

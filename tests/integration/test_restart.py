@@ -55,7 +55,8 @@ def aggregates(serve: Serve) -> dict:
 FAST_FAILOVER = {"RANKMETER_KAFKA_CLIENT": "session_timeout_ms=6000,heartbeat_interval_ms=1000"}
 
 
-def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstrap, redis_url, tmp_path):
+def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstrap, redis_url, kafka_backend,
+                                                                   tmp_path):
     topics = unique_topics(kafka_bootstrap)
     impressions, feedback = stream(seed=5, queries=4000, now=int(time.time() * 1000))
     # Impressions and feedback interleaved by query, in three chunks: the first victim is
@@ -70,7 +71,8 @@ def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstra
         for topic in (topics.impressions, topics.feedback):
             produce(kafka_bootstrap, topic, [m for t, m in chunk if t == topic])
 
-    settings = {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}  # many batches: many places to die
+    settings = {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100",  # many batches: many places to die
+                **kafka_backend}
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     killed_after = []
     for chunk in chunks[:2]:
@@ -88,6 +90,7 @@ def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstra
     got = aggregates(survivor)
     survivor.stop()
 
+    # On the default backend: the confluent one's runs must equal kafka-python's too.
     reference = Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}",
                       f"rm-{uuid.uuid4().hex[:6]}", log_path=tmp_path / "reference.log").start()
     wait_until(lambda: caught_up(reference), 180, "the uninterrupted run to catch up")
@@ -110,7 +113,8 @@ def summed(processes: list[Serve]) -> dict:
     return total
 
 
-def test_two_replicas_split_the_partitions_and_sum_to_one_replica(kafka_bootstrap, redis_url, tmp_path):
+def test_two_replicas_split_the_partitions_and_sum_to_one_replica(kafka_bootstrap, redis_url, kafka_backend,
+                                                                  tmp_path):
     topics = unique_topics(kafka_bootstrap)
     impressions, feedback = stream(seed=8, queries=2000, now=int(time.time() * 1000))
     produce(kafka_bootstrap, topics.feedback, feedback[: len(feedback) // 3])
@@ -118,7 +122,8 @@ def test_two_replicas_split_the_partitions_and_sum_to_one_replica(kafka_bootstra
     produce(kafka_bootstrap, topics.feedback, feedback[len(feedback) // 3:])
 
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
-    replicas = [Serve(kafka_bootstrap, redis_url, topics, group, prefix, FAST_FAILOVER,
+    # Range assignment on either backend: each replica the same partition numbers of both topics.
+    replicas = [Serve(kafka_bootstrap, redis_url, topics, group, prefix, {**FAST_FAILOVER, **kafka_backend},
                       log_path=tmp_path / f"replica-{i}.log").start() for i in range(2)]
     try:
         def split_and_caught_up() -> bool:

@@ -65,7 +65,7 @@ def assert_no_secret(text: str, *secrets: str) -> None:
         assert secret and secret not in text, "a password leaked"
 
 
-def test_consumes_over_sasl_ssl_and_writes_to_tls_redis_without_showing_secrets(secure, tmp_path):
+def test_consumes_over_sasl_ssl_and_writes_to_tls_redis_without_showing_secrets(secure, kafka_backend, tmp_path):
     topics = unique_topics()  # created by serve itself, through the SASL_SSL admin client
     prefix = f"rm-{uuid.uuid4().hex[:6]}"
     now = int(time.time() * 1000)
@@ -75,7 +75,7 @@ def test_consumes_over_sasl_ssl_and_writes_to_tls_redis_without_showing_secrets(
     feedback = [fb("q1", "click", "b"), fb("q2", "click", "x"), fb("q2", "purchase", "z")]
     log = tmp_path / "serve.log"
     with Serve(secure.bootstrap, secure.redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix,
-               extra_env={"RANKMETER_KAFKA_CLIENT": secure.kafka_client_env}, log_path=log) as serve:
+               extra_env={"RANKMETER_KAFKA_CLIENT": secure.kafka_client_env, **kafka_backend}, log_path=log) as serve:
         produce(secure.bootstrap, topics.impressions, impressions, client=secure.kafka_client)
         serve.wait_for_events(3, seconds=60)  # impressions first: no feedback waits as pending
         produce(secure.bootstrap, topics.feedback, feedback, client=secure.kafka_client)
@@ -117,14 +117,15 @@ class Refusal(NamedTuple):
     expected: str  # the start of the one-line error
 
 
-def test_refused_without_or_with_wrong_credentials_in_one_line(secure):
+def test_refused_without_or_with_wrong_credentials_in_one_line(secure, kafka_backend):
     wrong = "wrongPassw0rd"
     user_host = f"{urlsplit(secure.redis_url).hostname}:{urlsplit(secure.redis_url).port}"
     ca = f"ssl_ca_certs={secure.ca_file}"
-    # bootstrap_timeout_ms: kafka-python retries refused credentials until this runs out.
+    # bootstrap_timeout_ms: the client retries refused credentials until this runs out (for
+    # the confluent backend, how long rankmeter waits for the broker's metadata at start).
     quick = "bootstrap_timeout_ms=3000"
     base = {"PATH": "/usr/bin:/bin", "RANKMETER_KAFKA_BOOTSTRAP_SERVERS": secure.bootstrap,
-            "RANKMETER_REDIS_URL": secure.redis_url, "RANKMETER_METRICS_BIND_ADDRESS": "127.0.0.1"}
+            "RANKMETER_REDIS_URL": secure.redis_url, "RANKMETER_METRICS_BIND_ADDRESS": "127.0.0.1", **kafka_backend}
     cases = [
         Refusal("kafka without credentials", {"RANKMETER_KAFKA_CLIENT": quick}, "cannot reach Kafka at"),
         Refusal("kafka with a wrong password",

@@ -38,7 +38,7 @@ def random_collection(seed: int, queries: int):
     return qrels, runs
 
 
-def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, tmp_path):
+def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, kafka_backend, tmp_path):
     qrels, runs = random_collection(seed=11, queries=240)
     topics = unique_topics()
     now = int(time.time() * 1000)
@@ -51,7 +51,7 @@ def test_macro_quality_per_ranker_equals_trec_eval(kafka_bootstrap, redis_url, t
                                  "timestamp": now + 1}) for d, g in qrels[qid].items()]
     random.Random(3).shuffle(judgments)  # much feedback arrives before its impression
     prefix = f"rm-{uuid.uuid4().hex[:6]}"
-    with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix,
+    with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix, kafka_backend,
                log_path=tmp_path / "serve.log") as serve:
         produce(kafka_bootstrap, topics.feedback, judgments)
         produce(kafka_bootstrap, topics.impressions, impressions)
@@ -99,7 +99,7 @@ def ts(now_ms: int, minutes: float = 0) -> int:
     return int(now_ms + minutes * 60_000)
 
 
-def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
+def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, kafka_backend, tmp_path):
     topics = unique_topics()
     now = int(time.time() * 1000)
     imp = lambda q, results, ranker="r1", t=now, **kw: (q, {"query_id": q, "ranker": ranker, "timestamp": t, "results": results, **kw})
@@ -137,7 +137,7 @@ def test_mixed_stream_counts_and_values(kafka_bootstrap, redis_url, tmp_path):
     ]
     late_impression = [imp("q5", ["k", "l"])]
     with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}",
-               f"rm-{uuid.uuid4().hex[:6]}", log_path=tmp_path / "serve.log") as serve:
+               f"rm-{uuid.uuid4().hex[:6]}", kafka_backend, log_path=tmp_path / "serve.log") as serve:
         produce(kafka_bootstrap, topics.impressions, impressions)
         produce(kafka_bootstrap, topics.feedback, feedback)
         serve.wait_for_events(len(impressions) + len(feedback) - 1)  # q5's click waits, uncounted
