@@ -28,10 +28,11 @@ TOPICS = {"impressions": SETTINGS.kafka.impressions_topic, "feedback": SETTINGS.
 class Feed:
     """A pipeline on its own bus: `send` a stream of (kind, key, record), then process it."""
 
-    def __init__(self, store: MemoryStore | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, store: MemoryStore | None = None) -> None:
         self.bus = Bus(partitions=3)
-        self.clock = clock or Clock()
-        self.pipeline = Pipeline(SETTINGS, store or MemoryStore(), lambda r, why: None, self.clock)
+        self.clock = Clock()         # event time's now
+        self.wall = Clock(0.0)       # processing time
+        self.pipeline = Pipeline(SETTINGS, store or MemoryStore(), lambda r, why: None, self.clock, self.wall)
         self.bus.subscribe(list(TOPICS.values()), self.pipeline.assign, self.pipeline.revoke)
 
     def send(self, stream, batch: int = 10_000) -> Pipeline:
@@ -161,19 +162,38 @@ def test_a_restart_while_lists_are_open_settles_them_from_the_store():
     assert_same(sums(pipeline), sums(reference))
 
 
-def test_lists_of_a_partition_read_to_its_end_settle_on_the_process_clock():
-    t = NOW_MS - 5_000
-    clock = Clock()
-    pipeline = Feed(clock=clock).send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
-                                       ("feedback", "q1", _impression_event("q1", t, "a", 0))])
-    topics = tuple(TOPICS.values())
-    pipeline.caught_up = {(topic, p) for topic in topics for p in range(3)}
-    clock.t += 4  # now = t + 9 s: not yet
-    pipeline.process([])
-    assert events(pipeline) == {}
-    clock.t += 2  # t + 11 s
-    pipeline.process([])
-    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "listed"): 1}
+def test_a_list_waits_list_settle_of_processing_time_for_a_quiet_feedback_topic():
+    # Old records (a replay), the query record first: its impression events are still on
+    # their way, and the feedback topic is read to its end.
+    t = NOW_MS - 3_600_000
+    run = Feed()
+    pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
+                         ("impressions", "q2", _native("q2", t + 60_000))])
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 9.9
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1}   # q2 only: q1 waits ...
+    run.send([("feedback", "q1", _impression_event("q1", t, "a", 0))])
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 0.2
+    run.tick()  # ... 10 s of processing time: settled with what came
+    assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 1}
+
+
+def test_a_list_waits_for_the_feedback_topic_to_pass_its_time_when_impressions_run_ahead():
+    t = NOW_MS - 3_600_000
+    run = Feed()
+    ahead = [_other("q1", t + 600_000)]  # the impressions topic is 10 minutes ahead ...
+    pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t)))] + ahead
+                        + [("feedback", "q1", _impression_event("q1", t, "a", 0))])
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}  # ... and the feedback topic read to its end
+    run.tick()
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1}  # `ahead`; q1 waits for the feedback topic
+    run.send([("feedback", "q1", _impression_event("q1", t + 1_000, "b", 1)), _other("q1", t + 10_000, "feedback")])
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 2}
+    assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["a", "b"]
 
 
 def test_positions_of_every_shape_and_their_bases():

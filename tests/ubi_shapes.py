@@ -155,3 +155,12 @@ def ranked(queries: list[Query]) -> list[tuple[str, str, dict]]:
 
 
 SHAPES = {"generator": generator, "collector": collector, "rank": ranked}
+
+
+def in_time_order(stream: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
+    """As a live site sends them: by event time (a click comes when it happens, after the
+    next searches' records)."""
+    def ms(record: dict) -> int:
+        t = record["timestamp"]
+        return t if isinstance(t, int) else int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000)
+    return sorted(stream, key=lambda item: ms(item[2]))

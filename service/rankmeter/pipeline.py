@@ -68,11 +68,9 @@ class PartitionState:
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
         self.open_queries = 0
-        # Queries assembling their list from impression events -> settle deadline (event
-        # time). The store has the deadline too (the watermark settles them after a
-        # restart); this copy settles them on the process clock once the partition is
-        # read to its end and quiet.
-        self.lists: dict[str, int] = {}
+        # Queries assembling their list from impression events, known to this process ->
+        # when it first saw them (the wall clock, ms). The store has their settle deadline.
+        self.lists: dict[str, float] = {}
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
         """How far event time has certainly come in this partition: the lower of the two
@@ -110,11 +108,12 @@ def layout_for(settings: Settings) -> Layout:
 class Pipeline:
     def __init__(self, settings: Settings, store: Store,
                  dead_letter: Callable[[Record, str], None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, wall: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.store = store
         self.dead_letter = dead_letter
-        self.clock = clock
+        self.clock = clock  # event time's "now": the wall clock, or the event clock
+        self.wall = wall    # processing time (seconds): how long a list has waited here
         self.decoder = Decoder(settings)
         self.impressions_topic = settings.kafka.impressions_topic
         self.feedback_topic = settings.kafka.feedback_topic
@@ -150,6 +149,7 @@ class Pipeline:
         self._layouts: dict[str, Layout | None] = {self.layout.fingerprint: self.layout}
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
+        self._end_of_input = False
         self._zero = bytes(8 * self.layout.size)
         self.ab_size = ab_sums.size(self.layout)
         self.baseline = settings.ab.baseline
@@ -303,8 +303,12 @@ class Pipeline:
         had passed their settle deadlines, and persist them: the end of a replayed file."""
         now_ms = int(self.clock() * 1000)
         self._counts = {}
-        due = {p: list(ps.lists) for p, ps in self.partitions.items() if ps.lists}
-        return self._step({}, {}, {}, {}, due, now_ms)
+        self._end_of_input = True
+        try:
+            due = {p: list(ps.lists) for p, ps in self.partitions.items() if ps.lists}
+            return self._step({}, {}, {}, {}, due, now_ms)
+        finally:
+            self._end_of_input = False
 
     def _step(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
               advanced: dict[int, dict[str, int]], newest: dict[int, dict[str, int]],
@@ -364,17 +368,19 @@ class Pipeline:
     def _sweep(self, now_ms: int) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
         """Queries whose deadline the partition's event-time watermark has passed: closed
         (their contribution stays), orphaned when their impression never came, or, when
-        their list is being assembled, settled. Never closed by the wall clock: a backlog
-        after an outage is joined as it would have been live. Also (`due`): lists whose
-        settle deadline the process clock has passed in a partition read to its end, so
-        the last queries before a quiet spell are not held back until traffic resumes."""
+        their list is being assembled, settled (see `_settle_due`). Never closed by the
+        wall clock: a backlog after an outage is joined as it would have been live.
+        Also (`due`): lists waiting here for `windows.list_settle` of processing time
+        while the feedback topic (where impression events come) is read to its end: the
+        last queries before a quiet spell are not held back until traffic resumes."""
         if now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS or not self.partitions:
             return {}, {}
         topics = (self.impressions_topic, self.feedback_topic)
         due = {}
+        waited = self.wall() * 1000 - self.settle_ms
         for p, ps in self.partitions.items():
-            if ps.lists and all((t, p) in self.caught_up for t in topics):
-                if ready := [q for q, deadline in ps.lists.items() if deadline <= now_ms]:
+            if ps.lists and (self.feedback_topic, p) in self.caught_up:
+                if ready := [q for q, seen in ps.lists.items() if seen <= waited]:
                     due[p] = ready
         watermarks = {p: wm for p, ps in self.partitions.items()
                       if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
@@ -451,7 +457,7 @@ class Pipeline:
                 if isinstance(event, Impression):
                     outcome, waiting = apply_impression(record, event, self.attribution)
                     if outcome == "pending":  # its list comes from impression events
-                        self.partitions[p].lists[event.query_id] = event.timestamp_ms + self.settle_ms
+                        self.partitions[p].lists[event.query_id] = self.wall() * 1000
                         if complete(record):
                             self._settle(key, record, changed)
                         continue
@@ -497,15 +503,29 @@ class Pipeline:
 
     def _settle_due(self, expired: dict[int, list[str]], due: dict[int, list[str]],
                     touched: dict[_Touched, QueryRecord], changed: dict[_Touched, set[str] | None]) -> None:
-        """Settle the swept queries still assembling their lists (the others close)."""
+        """Settle the swept queries assembling their lists (the others close) once the
+        feedback topic, where their impression events come, has passed their record's
+        time plus `windows.list_settle` in event time: the impressions topic running
+        ahead of it (a backlog read unevenly, a replay) must not cut lists short. Those
+        not settled yet stay open: `due` settles them at the latest."""
         for p in {*expired, *due}:
-            cache = self.partitions[p].records
+            ps = self.partitions[p]
+            feedback_ms = ps.watermarks.get(self.feedback_topic, -1)
+            ready = set(due.get(p, ()))
+            waiting = []
             for qid in expired.get(p, []) + due.get(p, []):
-                record = cache.get(qid)
-                if record is not None and record.assembling:
+                record = ps.records.get(qid)
+                if record is None or not record.assembling:
+                    continue
+                if qid in ready or self._end_of_input or record.header.timestamp_ms + self.settle_ms <= feedback_ms:
                     key = _Touched(p, qid)
                     touched[key] = record
                     self._settle(key, record, changed)
+                else:
+                    waiting.append(qid)
+                    ps.lists.setdefault(qid, self.wall() * 1000)  # known here from now on
+            if waiting and p in expired:
+                expired[p] = [q for q in expired[p] if q not in set(waiting)]  # not closed: waiting
 
     def _evaluate(self, touched: dict[_Touched, QueryRecord],
                   changed: dict[_Touched, set[str] | None]) -> dict[int, set[BucketKey]]:
@@ -759,6 +779,10 @@ class Pipeline:
         self.interleaving_result, kept = interleaving_look(vectors, self.settings.ab, running)
         if save:
             self.store.save_running("interleaving", kept)
+
+    def lists_waiting(self) -> bool:
+        """Whether some query of this process waits for its list (see `_sweep`)."""
+        return any(ps.lists for ps in list(self.partitions.values()))
 
     def open_queries(self) -> int:
         return sum(ps.open_queries for ps in list(self.partitions.values()))

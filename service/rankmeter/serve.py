@@ -131,7 +131,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
             _watch_source(source, health)
-            if records:
+            # An empty poll still sweeps while lists wait for their impression events:
+            # the last lists before a quiet spell settle without waiting for traffic.
+            if records or pipeline.lists_waiting():
                 started = time.perf_counter()
                 if isinstance(clock, EventClock):
                     clock.see(records)
@@ -154,8 +156,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # the stored state and offsets, is safe.
                     log.exception("a batch failed; exiting so that a restart resumes from the stored offsets")
                     raise
-                exporter.batch_duration.observe(time.perf_counter() - started)
-                exporter.batch_records.observe(len(records))
+                if records:
+                    exporter.batch_duration.observe(time.perf_counter() - started)
+                    exporter.batch_records.observe(len(records))
                 source.commit(offsets)
                 consumed += len(records)
                 if pipeline.fenced:

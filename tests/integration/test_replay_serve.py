@@ -73,61 +73,35 @@ def committed_to_the_end(bootstrap: str, group: str, topics: Topics):
     return (lambda: all((consumer.committed(tp) or 0) == end[tp] for tp in partitions)), sum(end.values()), consumer
 
 
-def lag_is_zero(serve: Serve) -> bool:
-    """serve has read every partition to its end, as of its last lag reading (its pipeline
-    then takes the partitions as caught up)."""
-    lags = [v for (name, _), v in serve.metrics().items() if name == "rankmeter_consumer_lag"]
-    return len(lags) == 2 * PARTITIONS and not any(lags)
-
-
-def nudge(tmp_path: Path, n: int) -> Path:
-    """A one-record file: a native impression of ranker `nudge`, now."""
-    path = tmp_path / f"nudge-{n}.ndjson"
-    path.write_text(json.dumps({"query_id": f"nudge-{n}", "ranker": "nudge", "timestamp": int(time.time() * 1000),
-                                "results": ["n1"]}) + "\n")
-    return path
-
-
 def replay_serve_report(kafka_bootstrap: str, redis_url: str, tmp_path: Path, export: Path, produced: int,
-                        settled: Callable[[dict, int], bool] = lambda events, nudges: True):
+                        settled: Callable[[dict], bool] = lambda events: True):
     """Replay into fresh topics and serve them into a fresh Redis prefix until committed to
-    the end; until `settled(serve's event outcomes, nudges so far)`, replay a nudge (serve
-    evaluates only when records come: a later one settles the lists that are due); then
-    report. Returns (replay's output, the files replayed, serve's event outcomes, the
-    report's table and JSON)."""
+    the end and `settled(serve's event outcomes)` (lists assembled from impression events
+    settle once serve has read its partitions to the end and they waited windows.list_settle);
+    then report. Returns (replay's output, serve's event outcomes, the report's table and JSON)."""
     topics = unique_topics()  # replay creates them
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     serve = Serve(kafka_bootstrap, redis_url, topics, group, prefix, log_path=tmp_path / "serve.log")
-
-    def run_replay(path: Path) -> str:
-        out = subprocess.run([RANKMETER, "replay", "--create-topics", str(PARTITIONS), str(path)],
-                             capture_output=True, text=True, timeout=60, env=serve.env)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    summary, files = run_replay(export), [export]
+    out = subprocess.run([RANKMETER, "replay", "--create-topics", str(PARTITIONS), str(export)],
+                         capture_output=True, text=True, timeout=60, env=serve.env)
+    assert out.returncode == 0, out.stderr
+    summary = out.stdout
     with serve:  # starts it (the topics exist already); stops it at the end
-        while True:
-            done, in_topics, consumer = committed_to_the_end(kafka_bootstrap, group, topics)
-            try:
-                assert in_topics == produced + len(files) - 1
-                wait_until(done, 60, "serve to commit both topics to their end")
-            finally:
-                consumer.close()
-            events = {k: v for k, v in serve.events().items() if v}
-            if settled(events, len(files) - 1):
-                break
-            assert len(files) <= 10, f"lists still not settled after {len(files) - 1} nudges: {events}"
-            wait_until(lambda: lag_is_zero(serve), 30, "serve to see its partitions read to the end")
-            files.append(nudge(tmp_path, len(files)))
-            run_replay(files[-1])
+        done, in_topics, consumer = committed_to_the_end(kafka_bootstrap, group, topics)
+        try:
+            assert in_topics == produced
+            wait_until(done, 60, "serve to commit both topics to their end")
+        finally:
+            consumer.close()
+        wait_until(lambda: settled({k: v for k, v in serve.events().items() if v}), 60, "the lists to settle")
+        events = {k: v for k, v in serve.events().items() if v}
     report = {}
     for fmt in ("table", "json"):
         out = subprocess.run([RANKMETER, "report", "--window", "24h", "--format", fmt], capture_output=True,
                              text=True, timeout=60, env=serve.env)
         assert out.returncode == 0, out.stderr
         report[fmt] = out.stdout
-    return summary, files, events, table(report["table"]), json.loads(report["json"])
+    return summary, events, table(report["table"]), json.loads(report["json"])
 
 
 def embedded(files: list[Path]):
@@ -162,9 +136,9 @@ def assert_same_numbers(views, reported: list[dict]) -> None:
 def test_replay_into_serve_reports_the_numbers_of_replay_embedded(kafka_bootstrap, redis_url, tmp_path):
     export = tmp_path / "ubi_export.ndjson"
     produced = native_export(export, int(time.time() * 1000), seed=12)
-    summary, files, events, report_table, report_json = replay_serve_report(kafka_bootstrap, redis_url, tmp_path,
-                                                                             export, produced)
-    assert files == [export]                           # native lists need no nudge
+    summary, events, report_table, report_json = replay_serve_report(kafka_bootstrap, redis_url, tmp_path,
+                                                                      export, produced)
+    files = [export]
     assert f"produced {produced:,}, 2 skipped" in summary and "ubi_export.ndjson:" in summary
     assert embedded_table(files) == report_table       # the printed table, line for line
     assert len(report_table) == 3 and report_table[1].startswith("bm25 ") and report_table[2].startswith("ltr-v2 ")
@@ -223,17 +197,18 @@ def test_generator_shaped_export_into_serve_reports_the_numbers_of_replay_embedd
     export, native = generator_export(tmp_path, int(time.time() * 1000), seed=21, queries=queries)
     produced = sum(1 for _ in open(export)) // 2
 
-    def settled(events: dict, nudges: int) -> bool:   # every list assembled and evaluated
-        return events.get(("impressions", "applied"), 0) == queries + nudges
+    def settled(events: dict) -> bool:   # every list assembled and evaluated
+        return events.get(("impressions", "applied"), 0) == queries
 
-    summary, files, events, report_table, report_json = replay_serve_report(
+    summary, events, report_table, report_json = replay_serve_report(
         kafka_bootstrap, redis_url, tmp_path, export, produced, settled)
+    files = [export]
     assert f"produced {produced:,}" in summary and "skipped" not in summary
     assert embedded_table(files) == report_table
     # What the generator's shape says is what the native events say.
-    assert embedded_table([native, *files[1:]]) == report_table
-    assert [row.split()[0] for row in report_table[1:]] == ["esci-ltr", "esci_ubi_sample"] + ["nudge"] * (len(files) > 1)
-    assert sum(int(row.split()[1]) for row in report_table[1:]) == queries + len(files) - 1
+    assert embedded_table([native]) == report_table
+    assert [row.split()[0] for row in report_table[1:]] == ["esci-ltr", "esci_ubi_sample"]
+    assert sum(int(row.split()[1]) for row in report_table[1:]) == queries
 
     _, result = embedded(files)
     assert {k: float(v) for k, v in result.outcomes.items() if v} == events

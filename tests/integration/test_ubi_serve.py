@@ -1,0 +1,77 @@
+"""OpenSearch UBI as its own tools write it, through the real Kafka, `rankmeter serve` and
+Redis (issue 12): the UBI data generator's records (query records without hit ids, one
+`impression` event per shown product with a 0-based ordinal), the JavaScript collector's
+(an empty `query_response_hit_ids`, `position.index`) and `event_attributes.rank` give
+exactly the per-ranker metrics of the equivalent native events, also when the service is
+killed while lists are being assembled."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+
+import pytest
+
+from ubi_shapes import SHAPES, in_time_order, native, searches
+
+from serving import Serve, produce, unique_topics, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def sums_of(serve: Serve) -> dict[tuple, float]:
+    """Every exported sum, by its labels: the exact state of the aggregates."""
+    return {(name, labels): value for (name, labels), value in serve.metrics().items()
+            if name in ("rankmeter_quality_numerator", "rankmeter_quality_denominator", "rankmeter_queries")}
+
+
+def send(bootstrap: str, topics, stream) -> None:
+    produce(bootstrap, topics.impressions, [(key, record) for kind, key, record in stream if kind == "impressions"])
+    produce(bootstrap, topics.feedback, [(key, record) for kind, key, record in stream if kind == "feedback"])
+
+
+def expected_events(queries, shape: bool) -> int:
+    clicks = sum(len(q.clicks) for q in queries)
+    return len(queries) + clicks + (sum(len(q.shown) for q in queries) if shape else 0)
+
+
+def _close(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-9 for k in b)
+
+
+def test_ubi_records_as_the_generator_and_the_collector_write_them_equal_native_events(
+        kafka_bootstrap, redis_url, tmp_path):
+    now = int(time.time() * 1000) - 30_000  # every list's settle time has passed on the wall clock
+    queries = {shape: searches(seed, 80, now, rankers=(f"{shape}-a", f"{shape}-b"))
+               for seed, shape in enumerate(sorted(SHAPES))}
+    ubi_topics, native_topics = unique_topics(kafka_bootstrap), unique_topics(kafka_bootstrap)
+    run = uuid.uuid4().hex[:6]
+    ubi = Serve(kafka_bootstrap, redis_url, ubi_topics, f"g-{run}-ubi", f"rm-{run}-ubi",
+                log_path=tmp_path / "ubi.log")
+    reference = Serve(kafka_bootstrap, redis_url, native_topics, f"g-{run}-native", f"rm-{run}-native",
+                      log_path=tmp_path / "native.log")
+    with ubi.start(create_topics=None), reference.start(create_topics=None):
+        for shape, qs in queries.items():
+            stream = in_time_order(SHAPES[shape](qs))
+            if shape == "generator":  # killed halfway: lists open in Redis, none in memory
+                half = len(stream) // 2
+                send(kafka_bootstrap, ubi_topics, stream[:half])
+                wait_until(lambda: sum(ubi.events().values()) > 0, 60, "the first half to be consumed")
+                ubi.stop(signal.SIGKILL)
+                ubi.start(create_topics=None)
+                stream = stream[half:]
+            send(kafka_bootstrap, ubi_topics, stream)
+            send(kafka_bootstrap, native_topics, native(qs))
+        reference.wait_for_events(sum(expected_events(qs, False) for qs in queries.values()))
+        want = sums_of(reference)
+        # The killed process took its counters with it: wait on the aggregates themselves.
+        wait_until(lambda: _close(sums_of(ubi), want), 120, "the UBI aggregates to reach the native ones")
+        got = sums_of(ubi)
+        events = ubi.events()
+        assert events[("feedback", "listed")] >= sum(len(q.shown) for q in queries["collector"] + queries["rank"])
+        assert ("feedback", "late") not in events and ("feedback", "orphaned") not in events
+    assert len(want) > 6 * 4 * 10, "every ranker, window and measure exported"
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-9), key
