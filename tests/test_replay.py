@@ -202,7 +202,7 @@ def test_bad_csv_rows_are_skipped_and_a_bad_header_refuses_the_file(tmp_path):
         ("3", "bad CSV row", "6 fields, the header has 11"),
         ("4", "bad CSV row", "position 'second' is not an integer"),
         ("5", "no query_id", ""),
-        ("8", "bad timestamp", "timestamp 'yesterday' is not RFC 3339 or epoch ms"),
+        ("8", "bad timestamp", "timestamp 'yesterday' is not RFC 3339 or epoch milliseconds"),
         ("10", "not UTF-8", "")]
 
     odd = tmp_path / "other.csv"

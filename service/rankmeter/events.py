@@ -8,7 +8,7 @@ into an `Impression`, a `Feedback`, or a `Rejected` (with the outcome, `invalid`
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 import msgspec
@@ -300,21 +300,34 @@ class Decoder:
             return None
 
     def _timestamp(self, timestamp: str | int, now_ms: int) -> int | Rejected:
-        if isinstance(timestamp, str):
-            try:
-                parsed = datetime.fromisoformat(timestamp)
-            except ValueError:
-                return Rejected("invalid", f"timestamp {timestamp!r} is not RFC 3339 or epoch milliseconds")
-            if parsed.tzinfo is None:
-                return Rejected("invalid", f"timestamp {timestamp!r} has no time zone")
-            ms = int(parsed.timestamp() * 1000)
-        else:
-            ms = timestamp
+        try:
+            ms = event_time_ms(timestamp)
+        except ValueError as e:
+            return Rejected("invalid", str(e))
         if ms < now_ms - self.max_past_ms:
             return Rejected("invalid", f"timestamp {timestamp!r} is too far in the past")
         if ms > now_ms + self.max_future_ms:
             return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
         return ms
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def event_time_ms(value: object) -> int:
+    """An event's `timestamp` in epoch ms: integer epoch milliseconds, or an RFC 3339 string
+    with a time zone (exactly: no float rounding). Raises ValueError saying why not."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("no timestamp" if value is None else f"timestamp {value!r} is not RFC 3339 or epoch milliseconds")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"timestamp {value!r} is not RFC 3339 or epoch milliseconds") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp {value!r} has no time zone")
+    return (parsed - _EPOCH) // timedelta(milliseconds=1)
 
 
 def _ubi_position(attributes: _UbiEventAttributes) -> int | None:

@@ -18,11 +18,12 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import IO, Any, NamedTuple, TextIO
 
 from rankmeter.clock import EventClock
 from rankmeter.config import Settings, duration_ms
+from rankmeter.events import event_time_ms
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -33,7 +34,6 @@ IMPRESSIONS, FEEDBACK = "impressions", "feedback"
 FORMATS = ("bulk", "ndjson", "csv")
 MAX_LISTED = 20           # skipped records listed one by one in the summary; the rest counted
 BULK_ACTIONS = ("index", "create", "update", "delete")
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _UBI_HIT_KEYS = ("query_response_hit_ids", "query_response_object_ids", "query_response_objects_ids")
 
 # The UBI data generator's CSV columns (`to_csv(index=False)` of its data frames).
@@ -61,24 +61,6 @@ class Skipped(NamedTuple):
     reason: str           # what kind of problem: counted per kind in the summary
     detail: str = ""      # this record's particulars, for its line in the summary
     record: bool = True   # a record was lost (not, e.g., an action line without one)
-
-
-# ---- event time ----------------------------------------------------------------
-
-def event_time_ms(value: object) -> int:
-    """A record's `timestamp` in epoch ms by the decoder's rules (events.py): an RFC 3339
-    string with a time zone, or integer epoch milliseconds. Raises ValueError."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if not isinstance(value, str):
-        raise ValueError("no timestamp" if value is None else f"timestamp {value!r} is not RFC 3339 or epoch ms")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"timestamp {value!r} is not RFC 3339 or epoch ms") from None
-    if parsed.tzinfo is None:
-        raise ValueError(f"timestamp {value!r} has no time zone")
-    return (parsed - EPOCH) // timedelta(milliseconds=1)  # exact: no float rounding
 
 
 def _message(record: Any, stream: str, where: str) -> Message | Skipped:
