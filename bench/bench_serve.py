@@ -1,24 +1,29 @@
-"""`rankmeter serve` end to end against a bare kafka-python consumer, on the real Kafka
-and Redis, in one run:
+"""`rankmeter serve` end to end on each Kafka backend against the bare clients (kafka-python
+and confluent-kafka) and a Quix Streams peer, on the real Kafka and Redis, in one run:
 
     make bench    # or, with the services up:
     RANKMETER_KAFKA_BOOTSTRAP_SERVERS=... RANKMETER_REDIS_URL=... .venv/bin/python bench/bench_serve.py
 
 It produces a stream (default 500,000 events: impressions, clicks, purchases and
-judgments) into fresh topics, then alternates: a bare KafkaConsumer reading the same
-topics with no processing, and `rankmeter serve` (a real process: consumed, decoded,
-joined, evaluated, persisted to Redis with its offsets). Each rate is counted from the
-first record to the last; the ratio of the medians is the figure to report, as the
-machine is shared and absolute rates drift.
+judgments) into fresh topics, then alternates: a bare KafkaConsumer and a bare
+confluent-kafka Consumer reading the same topics with no processing, `rankmeter serve` (a
+real process: consumed, decoded, joined, evaluated, persisted to Redis with its offsets)
+with `kafka.backend` kafka-python and confluent, two kafka-python replicas, and the Quix
+Streams peer (bench/quix_peer.py: the per-query join and nDCG@10 in its RocksDB state;
+measured when quixstreams is installed, `.venv/bin/pip install quixstreams`). Each rate is
+counted from the first record to the last; the ratios of the medians are the figures to
+report, as the machine is shared and absolute rates drift.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,11 +113,44 @@ def bare_consume(bootstrap: str, topics, total: int) -> float:
     return total / elapsed
 
 
-def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: Path, replicas: int = 1) -> float:
+def bare_confluent(bootstrap: str, topics, total: int) -> float:
+    """The bare librdkafka consumer, in batches as the confluent backend reads them."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bare-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topics.impressions, topics.feedback])
+    seen, first = 0, None
+    while seen < total:
+        messages = consumer.consume(5000, 0.5)
+        if messages and first is None:
+            first = time.perf_counter()
+        seen += sum(1 for m in messages if m.error() is None)
+    elapsed = time.perf_counter() - first
+    consumer.close()
+    return total / elapsed
+
+
+def quix_peer(bootstrap: str, topics, total: int, log_dir: Path) -> float:
+    """bench/quix_peer.py as its own process: it prints its rate, first record to last."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "quix_peer.py"), "--bootstrap", bootstrap,
+                          "--impressions", topics.impressions, "--feedback", topics.feedback,
+                          "--total", str(total), "--state-dir", str(log_dir / "state")],
+                         capture_output=True, text=True, timeout=1800)
+    (log_dir / "quix.log").write_text(out.stderr)
+    if out.returncode != 0:
+        raise RuntimeError(f"quix_peer.py failed: {out.stderr[-2000:]}")
+    return float(dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)["events_per_second"])
+
+
+def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: Path, replicas: int = 1,
+                  backend: str = "kafka-python") -> float:
     """Events per second through `replicas` serve processes sharing one consumer group."""
     group, prefix = f"bench-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    processes = [Serve(bootstrap, redis_url, topics, group, prefix, log_path=log_dir / f"serve-{i}.log")
+    processes = [Serve(bootstrap, redis_url, topics, group, prefix, {"RANKMETER_KAFKA_BACKEND": backend},
+                       log_path=log_dir / f"serve-{i}.log")
                  for i in range(replicas)]
     first = None
     try:
@@ -139,21 +177,36 @@ def main() -> int:
     args = ap.parse_args()
     bootstrap = os.environ["RANKMETER_KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["RANKMETER_REDIS_URL"]
+    confluent = importlib.util.find_spec("confluent_kafka") is not None
+    quix = importlib.util.find_spec("quixstreams") is not None
+    if not confluent:
+        print("confluent-kafka is not installed (pip install -e '.[confluent]'): its rows are skipped", file=sys.stderr)
+    if not quix:
+        print("quixstreams is not installed (.venv/bin/pip install quixstreams): the Quix peer is skipped",
+              file=sys.stderr)
     topics = unique_topics(bootstrap, partitions=4)
     print(f"producing {args.events} events into {topics.impressions} / {topics.feedback} ...", file=sys.stderr)
     total = produce_stream(bootstrap, topics, args.events)
-    rates: dict[str, list[float]] = {"bare": [], "serve": [], "serve_x2": [], "pipeline": []}
+    rates: dict[str, list[float]] = {k: [] for k in ("bare", "bare_confluent", "serve", "serve_confluent",
+                                                     "serve_x2", "pipeline", "quix")}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    print(f"logs in {logs}", file=sys.stderr)
     for i in range(args.rounds):
         rates["bare"].append(bare_consume(bootstrap, topics, total))
+        if confluent:
+            rates["bare_confluent"].append(bare_confluent(bootstrap, topics, total))
         rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x1"))
+        if confluent:
+            rates["serve_confluent"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-cf",
+                                                          backend="confluent"))
         rates["serve_x2"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
         rates["pipeline"].append(pipeline_alone(min(total, 200_000)))
-        print(f"round {i + 1}/{args.rounds}: bare kafka-python {rates['bare'][-1]:,.0f}/s, "
-              f"rankmeter serve {rates['serve'][-1]:,.0f}/s, two replicas {rates['serve_x2'][-1]:,.0f}/s, "
-              f"pipeline alone {rates['pipeline'][-1]:,.0f}/s",
+        if quix:
+            rates["quix"].append(quix_peer(bootstrap, topics, total, logs / f"r{i}-quix"))
+        print(f"round {i + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items() if v),
               file=sys.stderr)
-    bare, one, two, alone = (statistics.median(rates[k]) for k in ("bare", "serve", "serve_x2", "pipeline"))
+    median = {k: statistics.median(v) for k, v in rates.items() if v}
+    bare, one, two, alone = (median[k] for k in ("bare", "serve", "serve_x2", "pipeline"))
     print(f"events={total} partitions=4 rounds={args.rounds}")
     print(f"bare_kafka_python_events_per_second={bare:.0f}")
     print(f"rankmeter_serve_events_per_second={one:.0f}")
@@ -164,6 +217,18 @@ def main() -> int:
     print(f"single_process_bound_events_per_second={1 / (1 / bare + 1 / alone):.0f}")
     print(f"ratio={one / bare:.2f}")
     print(f"ratio_two_replicas={two / bare:.2f}")
+    if confluent:
+        bare_cf, one_cf = median["bare_confluent"], median["serve_confluent"]
+        print(f"bare_confluent_events_per_second={bare_cf:.0f}")
+        print(f"rankmeter_serve_confluent_events_per_second={one_cf:.0f}")
+        # librdkafka fetches in its own threads, so the bound is no longer a sum of the halves.
+        print(f"ratio_confluent={one_cf / bare_cf:.2f}")
+        print(f"ratio_serve_confluent_to_kafka_python={one_cf / one:.2f}")
+        print(f"ratio_bare_confluent_to_kafka_python={bare_cf / bare:.2f}")
+    if quix:
+        print(f"quix_peer_events_per_second={median['quix']:.0f}")
+        best = max(one, median.get("serve_confluent", 0.0))
+        print(f"ratio_best_serve_to_quix={best / median['quix']:.2f}")
     return 0
 
 
