@@ -4,8 +4,11 @@ grades, dwell times by grade, some add-to-carts and purchases, a share of explic
 judgments, duplicates and a little disorder in delivery — the shape of a real event
 pipeline.
 
-Click models (`clicks.py`): position-based (default), cascade or dependent click model.
-Attractiveness P(attractive | true grade) is `ATTRACTIVE`.
+Click models (`clicks.py`): position-based (default), cascade or dependent click model;
+the position-based model's examination curve by name (`examination`, default 1/r^0.9).
+Attractiveness P(attractive | true grade) is `ATTRACTIVE`. With `track_examination` the
+simulator sums each rank's true examination probability over the lists it shows
+(`true_examination()`), the truth a position-bias estimator is compared with.
 
 Feedback comes later than its impression, as in real logs: a query's first click a
 lognormal delay after it (median 4 s, long tail), each next click after the previous
@@ -35,7 +38,8 @@ import numpy as np
 
 from rankmeter.engine import QueryState, evaluate, parse_all, stack
 from rankmeter.simulator.bm25 import Index, Ranker
-from rankmeter.simulator.clicks import CLICK_MODELS
+from rankmeter.simulator.clicks import click_model as make_click_model
+from rankmeter.simulator.clicks import examination as examination_of
 from rankmeter.simulator.corpus import Corpus, Query
 
 ATTRACTIVE = {0: 0.04, 1: 0.25, 2: 0.55, 3: 0.85}   # P(click | examined, true grade)
@@ -189,7 +193,8 @@ class Simulator:
                  interleave: tuple[str, str] | None = None, click_model: str = "pbm",
                  regressions: Sequence[Regression] = (), users: int = 10_000,
                  purchase_cap_s: float = ATTRIBUTION_S, run_id: str | None = None,
-                 truth_log: bool = False) -> None:
+                 truth_log: bool = False, examination: str | None = None,
+                 track_examination: bool = False) -> None:
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
@@ -202,9 +207,12 @@ class Simulator:
                                  f"got {','.join(interleave)}")
             self.interleave = (by_name[interleave[0]], by_name[interleave[1]])
             self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
-        if click_model not in CLICK_MODELS:
-            raise ValueError(f"click model {click_model!r}: one of {', '.join(CLICK_MODELS)}")
-        self.click_model = CLICK_MODELS[click_model]
+        self.click_model = make_click_model(click_model, examination)  # ValueError when unknown
+        self.click_model_name, self.examination = click_model, examination
+        # Σ true P(examine) and number of lists per rank, when tracked (the pbm curve, or the
+        # list-dependent examination of cascade and dcm averaged over the traffic).
+        self._examined: np.ndarray | None = np.zeros(K) if track_examination else None
+        self._lists_at = np.zeros(K)
         self.regressions = list(regressions)
         if regression_at is not None:  # the old shortcut: the first ranker's list, for good
             self.regressions.append(Regression(regression_at, math.inf, self.rankers[0].name))
@@ -280,11 +288,23 @@ class Simulator:
         # The presentation problem last: it takes its share of every click, whoever the user.
         attractive = [min(ATTRACTIVE[grades.get(doc, 0)] * visit.propensity, 1.0) * presentation.get(team, 1.0)
                       for doc, team in zip(results, teams)]
+        if self._examined is not None and attractive:
+            n = min(len(attractive), K)
+            self._examined[:n] += examination_of(self.click_model_name, np.array(attractive[:n]), self.examination)
+            self._lists_at[:n] += 1
         clicks = self.click_model(attractive, self.rng)
         feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
         return [impression] + feedback
+
+    def true_examination(self) -> np.ndarray:
+        """Mean true P(examine rank r), r = 1..K, over the lists shown so far (NaN at a rank
+        no list reached); needs `track_examination=True`."""
+        if self._examined is None:
+            raise ValueError("the simulator was made without track_examination=True")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self._examined / self._lists_at
 
     def _sample_query(self) -> Query:
         # As Corpus.sample_query (rng.choice with p draws one uniform the same way), faster.

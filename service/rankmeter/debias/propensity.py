@@ -1,0 +1,221 @@
+"""Position-bias (examination propensity) estimation from logged clicks, without
+interventions: intervention harvesting across rankers and the AllPairs estimator of
+Agarwal, Zaitsev, Wang, Li, Najork & Joachims, "Estimating Position Bias without Intrusive
+Interventions", WSDM 2019.
+
+The position-based model: P(click on d at rank k for q) = p_k · r(q, d). When the same
+(query, document) is shown at rank k in some impressions and at k' in others — because
+rankmeter sees several rankers answer the same query text, or a ranker's own randomness
+moves it — the ratio of its click-through rates at k and k' is p_k / p_k', whatever its
+relevance. Summed over every such (q, d) (the paper's "interventional set" S_{k,k'}), with
+each (q, d) weighted by 1 / its impressions at each rank (the paper's w(q, d, k), with the
+empirical impression count for Σ_i n_i π_i(k | q, d)):
+
+    clicks[k, k'] = Σ_{(q,d) ∈ S_{k,k'}} C(q, d, k) / N(q, d, k)   ≈ p_k · Σ_S r(q, d)
+    pairs[k, k']  = |S_{k,k'}|                                      (weighted impressions)
+
+so clicks[k, k'] / clicks[k', k] estimates p_k / p_k' on the same relevance mass. AllPairs
+fits every pair at once by maximising (paper §4.3)
+
+    Σ_{k≠k'} clicks[k,k'] · log(p_k c_{k,k'}) + (pairs[k,k'] − clicks[k,k']) · log(1 − p_k c_{k,k'})
+
+with c_{k,k'} = c_{k',k} the relevance mass of S_{k,k'}. Only the ratios p_k / p_1 are
+identified (p·α, c/α fit the same), so they are what `estimate` returns.
+
+State, and how it adds up:
+
+- `PairSums` (clicks and pairs, K×K) is additive like the A/B sums (`ab/sums.py`): each
+  partition keeps its own, moved by deltas, and the estimate is made from their sum over
+  partitions and replicas (`merge`). A vector form (`to_vector`/`from_vector`) is what a
+  checkpoint stores.
+- `Harvester` is one partition's bounded table (query text, document) → impressions and
+  clicks per rank, and the PairSums it has contributed. When an entry changes, its
+  contribution to the sums is replaced (old out, new in), as a query's window contribution
+  is. At most `capacity` entries: the least recently shown is evicted, and its contribution
+  stays in the sums, final (its counts are frozen, still an unbiased harvest); if the pair
+  is shown again it starts a new entry. Harvesting happens within a partition: a (q, d)
+  whose impressions fall in two partitions (impressions are keyed by query_id, not by
+  query text) is two entries, each harvested on its own. That loses the pairs that only
+  span partitions, never biases the sums: popular queries, which carry the harvest, are in
+  every partition.
+
+What the pipeline will have to keep (not there today): the query text. Impressions are
+keyed by `query_id`, and `Impression` does not carry `user_query`; the record of a query
+must keep it (or a 64-bit hash of it) so that `Harvester.observe(text, shown, clicked)`
+can be called when the query closes (its attribution window over, its clicks final), once
+per query. A query without a text is not harvested.
+
+Assumption (the paper's): the rank a document gets does not depend on the user who will
+click — true across rankers of an A/B split and for score noise; not for personalised
+rankings, where the rank and the user's interest are confounded.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+DEFAULT_RANKS = 10         # K: propensities for ranks 1..K
+DEFAULT_CAPACITY = 50_000  # (query, document) entries per partition: ≈ 50,000 × 2K floats
+DEFAULT_MIN_PAIRS = 100    # harvested (q, d) pairs a rank needs for an estimate
+
+
+class PairSums(NamedTuple):
+    """Additive sufficient statistics of the AllPairs estimator (module docstring)."""
+    clicks: np.ndarray  # [K, K] Σ over S_{k,k'} of the CTR at k (row k, column k')
+    pairs: np.ndarray   # [K, K] |S_{k,k'}|, symmetric, zero diagonal
+
+    @classmethod
+    def zeros(cls, k: int = DEFAULT_RANKS) -> PairSums:
+        return cls(np.zeros((k, k)), np.zeros((k, k)))
+
+    @property
+    def ranks(self) -> int:
+        return self.clicks.shape[0]
+
+    def __add__(self, other: object) -> PairSums:  # type: ignore[override]
+        if not isinstance(other, PairSums):
+            return NotImplemented
+        return PairSums(self.clicks + other.clicks, self.pairs + other.pairs)
+
+    def to_vector(self) -> np.ndarray:
+        """[2K²] float64: what a checkpoint stores for a partition."""
+        return np.concatenate([self.clicks.ravel(), self.pairs.ravel()])
+
+    @classmethod
+    def from_vector(cls, vector: np.ndarray) -> PairSums:
+        k = int(round((len(vector) / 2) ** 0.5))
+        return cls(vector[:k * k].reshape(k, k).copy(), vector[k * k:].reshape(k, k).copy())
+
+
+def merge(sums: Iterable[PairSums]) -> PairSums:
+    """The sums of many partitions (and replicas): their element-wise sum."""
+    total: PairSums | None = None
+    for s in sums:
+        total = s if total is None else total + s
+    if total is None:
+        raise ValueError("merge of no sums")
+    return total
+
+
+def contribution(shown: np.ndarray, clicked: np.ndarray) -> PairSums:
+    """What one (q, d) entry adds to the sums: for every pair of ranks k ≠ k' at which it
+    was shown, its CTR at k in clicks[k, k'] and 1 in pairs[k, k']. `shown` and `clicked`
+    are its impressions and clicks per rank ([K])."""
+    seen = shown > 0
+    ctr = np.divide(clicked, shown, out=np.zeros(len(shown)), where=seen)
+    both = np.outer(seen, seen)
+    np.fill_diagonal(both, False)
+    return PairSums(np.where(both, ctr[:, None], 0.0), both.astype(float))
+
+
+class Harvester:
+    """One partition's harvest: a bounded (query, document) table and the PairSums its
+    entries contribute (module docstring: eviction, partitions)."""
+
+    def __init__(self, ranks: int = DEFAULT_RANKS, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity {capacity}: at least 1")
+        self.ranks, self.capacity = ranks, capacity
+        self.sums = PairSums.zeros(ranks)
+        # (query, doc) -> [2, K]: impressions (row 0) and clicks (row 1) per rank. Ordered
+        # by last impression, least recent first: the eviction order.
+        self.entries: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.evicted = 0
+
+    def observe(self, query: str, shown: Sequence[str], clicked: Collection[str]) -> None:
+        """One closed query: the documents `shown` in rank order (ranks past K are not
+        harvested) and the set of those `clicked` (clicks only, not purchases or
+        judgments: the estimator models the click)."""
+        clicks, pairs = self.sums
+        # A repeated id keeps its first rank, as the metric engine's QueryState does.
+        for rank, doc in enumerate(list(dict.fromkeys(shown))[:self.ranks]):
+            key = (query, doc)
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = np.zeros((2, self.ranks))
+            else:
+                self.entries.move_to_end(key)
+            # Only this entry's rank `rank` changes, so only its row and column of the
+            # contribution (`contribution`) move; the rest is unchanged.
+            others = np.flatnonzero(entry[0])
+            others = others[others != rank]
+            new_rank = entry[0, rank] == 0
+            old_ctr = 0.0 if new_rank else entry[1, rank] / entry[0, rank]
+            entry[0, rank] += 1
+            entry[1, rank] += doc in clicked
+            if not len(others):
+                continue  # shown at one rank only: no pair yet
+            clicks[rank, others] += entry[1, rank] / entry[0, rank] - old_ctr
+            if new_rank:  # new pairs (rank, k') for every other rank k' it was shown at
+                pairs[rank, others] += 1
+                pairs[others, rank] += 1
+                clicks[others, rank] += entry[1, others] / entry[0, others]
+        while len(self.entries) > self.capacity:
+            # Least recently shown out; its contribution stays in the sums, final.
+            self.entries.popitem(last=False)
+            self.evicted += 1
+
+
+class Propensities(NamedTuple):
+    """Estimated P(examine rank k) / P(examine rank 1), k = 1..K; None where the harvest
+    was too thin (`support` < the minimum) or not connected to rank 1."""
+    relative: list[float | None]
+    support: list[float]  # harvested (q, d) pairs involving each rank
+    iterations: int
+
+
+def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iterations: int = 5000,
+             tolerance: float = 1e-10) -> Propensities:
+    """AllPairs (Agarwal et al. 2019, §4.3) by expectation-maximisation on the pair sums.
+
+    Each harvested impression of S_{k,k'} at rank k is a click when examined (E, P = p_k)
+    and relevant (R, P = c_{k,k'}). EM over the hidden E and R (the regression-EM of Wang
+    et al., WSDM 2018, with one relevance per rank pair instead of a regression): a click
+    has E = R = 1; a non-click at k has E = 1 with P = p_k(1 − c)/(1 − p_k c) and R = 1 with
+    P = (1 − p_k)c/(1 − p_k c); the M-step averages. Each step raises the likelihood in the
+    module docstring. Ranks with fewer than `min_pairs` harvested pairs are left out (None),
+    and so are ranks their pairs do not connect to rank 1.
+    """
+    k = sums.ranks
+    support = sums.pairs.sum(axis=1)
+    ok = support >= min_pairs
+    if not ok[0]:
+        return Propensities([None] * k, support.tolist(), 0)
+    # Connected to rank 1 through pairs among supported ranks (a breadth-first search).
+    linked = (sums.pairs > 0) & ok[:, None] & ok[None, :]
+    reach = np.zeros(k, dtype=bool)
+    reach[0] = True
+    while True:
+        grown = reach | linked[reach].any(axis=0)
+        if (grown == reach).all():
+            break
+        reach = grown
+    use = np.flatnonzero(reach)
+    n = sums.pairs[np.ix_(use, use)]
+    c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
+    nc = n - c
+    has = n > 0
+    rows = n.sum(axis=1)
+    p = np.full(len(use), 0.5)
+    rel = np.where(has, 0.5, 0.0)
+    iterations = 0
+    for iterations in range(1, max_iterations + 1):
+        x = np.minimum(p[:, None] * rel, 1.0 - 1e-12)
+        # Posteriors of a non-click (module docstring); 0 where the pair has no data.
+        examined = np.where(has, p[:, None] * (1.0 - rel) / (1.0 - x), 0.0)
+        relevant = np.where(has, (1.0 - p[:, None]) * rel / (1.0 - x), 0.0)
+        p_new = (c + nc * examined).sum(axis=1) / rows
+        rel_mass = c + nc * relevant
+        rel_new = np.divide(rel_mass + rel_mass.T, n + n.T, out=np.zeros_like(n), where=has)
+        change = max(np.abs(p_new - p).max(), np.abs(rel_new - rel).max())
+        p, rel = p_new, rel_new
+        if change < tolerance:
+            break
+    relative: list[float | None] = [None] * k
+    for i, rank in enumerate(use):
+        relative[rank] = float(p[i] / p[0])
+    return Propensities(relative, support.tolist(), iterations)
