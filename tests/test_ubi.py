@@ -85,13 +85,14 @@ def test_a_list_settles_when_event_time_passes_the_record_time_plus_list_settle(
     run = Feed()
     pipeline = run.send([("impressions", "q1", header)] + [("feedback", "q1", e) for e in shown[:2]])
     assert events(pipeline) == {}            # waiting for its list
-    # Events of other queries of its partition 9.9 s later: not yet ...
+    # A click of another query a minute later: clicks come late in event time, they do
+    # not settle lists. Impression events of other queries 9.9 s later: not yet ...
     run.send([("impressions", "q1", header), ("feedback", "q1", shown[2])])
-    run.send([_other("q1", t + 9_900), _other("q1", t + 9_900, "feedback")])
+    run.send([_other("q1", t + 60_000, "feedback"), _other("q1", t + 9_900), _other("q1", t + 9_900, "shown")])
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 1, ("impressions", "duplicate"): 1}
     # ... 10 s later, the list settles with what it had: "c" came, so it is in.
-    run.send([_other("q1", t + 10_000), _other("q1", t + 10_000, "feedback")])
+    run.send([_other("q1", t + 10_000), _other("q1", t + 10_000, "shown")])
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 3, ("impressions", "duplicate"): 1,
                                 ("feedback", "listed"): 3}
@@ -143,41 +144,56 @@ def test_impression_events_whose_query_record_never_comes_are_orphaned():
     assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "orphaned"): 1}
 
 
-def test_a_restart_while_lists_are_open_settles_them_from_the_store():
+def test_a_restart_while_lists_are_open_finds_them_in_the_store_and_settles_them_when_quiet():
     queries = sorted(searches(5, 40, NOW_MS), key=lambda q: q.timestamp_ms)
     stream = generator(queries)
     first = Feed()
     first.send(stream[: len(stream) // 2])
-    assert any(ps.lists for ps in first.pipeline.partitions.values())
-    # A new process on the same store and topics: no list in memory; the watermark settles them.
+    open_lists = {p: set(ps.lists) for p, ps in first.pipeline.partitions.items() if ps.lists}
+    assert open_lists
+    # A new process on the same store and topics: the open lists come back with the state ...
     second = Feed(first.pipeline.store)
     second.bus = first.bus
     second.bus.subscribe(list(TOPICS.values()), second.pipeline.assign, second.pipeline.revoke)
-    assert not any(ps.lists for ps in second.pipeline.partitions.values())
-    second.send(stream[len(stream) // 2:])
-    later = [_other(q.query_id, NOW_MS, kind) for q in queries[:9] for kind in TOPICS]
-    pipeline = second.send(later)
+    assert {p: set(ps.lists) for p, ps in second.pipeline.partitions.items() if ps.lists} == open_lists
+    pipeline = second.send(stream[len(stream) // 2:])
+    # ... and, with no traffic after the last one, settle once the feedback topic is read
+    # to its end and they waited windows.list_settle (serve sweeps on empty polls).
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    second.wall.t += 10
     second.tick()
-    reference = feed(native(queries) + later)
-    assert_same(sums(pipeline), sums(reference))
+    assert not any(ps.lists for ps in pipeline.partitions.values())
+    assert_same(sums(pipeline), sums(feed(native(queries))))
+    assert all(not any(k.startswith("list:") for k in meta) for meta in pipeline.store.meta.values())
 
 
-def test_a_list_waits_list_settle_of_processing_time_for_a_quiet_feedback_topic():
-    # Old records (a replay), the query record first: its impression events are still on
-    # their way, and the feedback topic is read to its end.
+def test_a_list_waits_for_its_impression_events_then_for_a_quiet_spell_of_list_settle():
     t = NOW_MS - 3_600_000
     run = Feed()
     pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
                          ("impressions", "q2", _native("q2", t + 60_000))])
+    # The impression events' producer is down, the feedback topic is read to its end: an
+    # outage must not turn lists into empty ones, however long.
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 3600
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1}   # q2 only
+    run.send([("feedback", "q1", _impression_event("q1", t, "a", 0)),
+              ("feedback", "q1", {"action_name": "click", "query_id": "q1", "timestamp": t + 5_000,
+                                  "event_attributes": {"object": {"object_id": "a"}}})])
+    pipeline.caught_up = set()
+    run.wall.t += 60
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1}   # the feedback topic has more to read ...
+    run.send([("feedback", "q1", _impression_event("q1", t, "b", 1))])
     pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
     run.wall.t += 9.9
     run.tick()
-    assert events(pipeline) == {("impressions", "applied"): 1}   # q2 only: q1 waits ...
-    run.send([("feedback", "q1", _impression_event("q1", t, "a", 0))])
-    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    assert events(pipeline) == {("impressions", "applied"): 1}   # ... then the last impression event came 9.9 s ago ...
     run.wall.t += 0.2
-    run.tick()  # ... 10 s of processing time: settled with what came
-    assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 1}
+    run.tick()  # ... and none since: the last list before a quiet spell settles
+    assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 2,
+                                ("feedback", "applied"): 1}
 
 
 def test_a_list_waits_for_the_feedback_topic_to_pass_its_time_when_impressions_run_ahead():
@@ -190,7 +206,7 @@ def test_a_list_waits_for_the_feedback_topic_to_pass_its_time_when_impressions_r
     run.tick()
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 1}  # `ahead`; q1 waits for the feedback topic
-    run.send([("feedback", "q1", _impression_event("q1", t + 1_000, "b", 1)), _other("q1", t + 10_000, "feedback")])
+    run.send([("feedback", "q1", _impression_event("q1", t + 1_000, "b", 1)), _other("q1", t + 10_000, "shown")])
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 2}
     assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["a", "b"]
@@ -274,6 +290,9 @@ def _other(like: str, ms: int, kind: str = "impressions") -> tuple[str, str, dic
     _used[qid] = True
     if kind == "impressions":
         return ("impressions", qid, _native(qid, ms))
+    if kind == "shown":  # an impression event (of a query whose list it does not change)
+        return ("feedback", qid, {"query_id": qid, "action": "impression", "doc_id": "y", "position": 1,
+                                  "timestamp": ms})
     return ("feedback", qid, {"query_id": qid, "action": "click", "doc_id": "z", "timestamp": ms})
 
 
@@ -282,3 +301,70 @@ _used: dict[str, bool] = {}
 
 def _partition(query_id: str) -> int:
     return zlib.crc32(query_id.encode()) % 3  # as the bus partitions
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_list_settled_by_a_checkpoint_whose_commit_failed_is_counted_once(when):
+    from test_pipeline import FlakyStore
+
+    t = NOW_MS - 60_000
+    store = FlakyStore()
+    run = Feed(store)
+    pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
+                         ("feedback", "q1", _impression_event("q1", t, "a", 0))])
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 11
+    store.fail = when  # the quiet spell's sweep settles the list: a checkpoint moving no offset
+    with pytest.raises(ConnectionError):
+        run.tick()
+    pipeline.revoke(list(pipeline.partitions), reclaiming=True)   # serve's recovery: claim again
+    run.bus.seek(pipeline.assign(list(range(3))))
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 11
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "listed"): 1}
+    assert next(v for v in pipeline.views() if v.window == "5m").queries_all == 1
+
+
+def test_impression_events_before_a_query_record_with_its_hit_ids_are_counted():
+    t = NOW_MS - 60_000
+    record = {"query_id": "q1", "timestamp": t, "application": "shop", "query_response_hit_ids": ["a", "b"]}
+    pipeline = feed([("feedback", "q1", _impression_event("q1", t, "a", 0)),
+                     ("feedback", "q1", _impression_event("q1", t, "x", 1)),
+                     ("impressions", "q1", record),
+                     ("feedback", "q1", _impression_event("q1", t, "y", 1))])
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "ignored"): 1,
+                                ("feedback", "unmatched"): 2}
+    assert pipeline.partitions[_partition("q1")].records["q1"].shown == []
+
+
+def test_ties_keep_their_arrival_order_and_a_list_keeps_at_most_max_results():
+    t = NOW_MS - 60_000
+    header = {"query_id": "q1", "timestamp": t, "application": "shop"}
+    shown = [("c", 2), ("b", 1), ("a", 2), ("d", 3)]
+    settings = config.load(None, {"RANKMETER_LIMITS_MAX_RESULTS": "3"})
+    bus = Bus(partitions=3)
+    pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, Clock(), Clock(0.0))
+    bus.subscribe(list(TOPICS.values()), pipeline.assign, pipeline.revoke)
+    for kind, record in [("impressions", header)] + [("feedback", _impression_event("q1", t, d, i)) for d, i in shown]:
+        bus.send(TOPICS[kind], b"q1", json.dumps(record).encode())
+    pipeline.process(bus.poll(0, 100))
+    pipeline.end_of_input()
+    assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["b", "c", "a"]
+
+
+def test_negative_positions_are_invalid_whatever_the_field():
+    decode = Decoder(SETTINGS).feedback
+    for attributes in ({"position": {"index": -1}}, {"rank": -2}, {"position": {"ordinal": -1}}):
+        event = {"action_name": "click", "query_id": "q", "timestamp": NOW_MS,
+                 "event_attributes": {"object": {"object_id": "d"}, **attributes}}
+        result = decode(json.dumps(event).encode(), NOW_MS)
+        assert isinstance(result, Rejected) and result.outcome == "invalid", attributes
+
+
+def test_changing_the_labels_grades_starts_the_measures_afresh():
+    from rankmeter.pipeline import layout_for
+
+    default = layout_for(SETTINGS).fingerprint
+    assert layout_for(config.load(None, {"RANKMETER_EVALUATION_LABELS": "E=1,S=0.1,C=0.01,I=0"})).fingerprint != default
+    assert layout_for(config.load(None, {})).fingerprint == default

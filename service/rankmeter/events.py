@@ -338,7 +338,9 @@ def _ubi_position(attributes: _UbiEventAttributes) -> int | None:
     if p is not None and p.ordinal is not None:
         return p.ordinal
     zero_based = p.index if p is not None and p.index is not None else attributes.rank
-    return zero_based + 1 if zero_based is not None else None
+    if zero_based is None:
+        return None
+    return zero_based + 1 if zero_based >= 0 else zero_based  # a negative one stays invalid
 
 
 def _interleaved(impression: Impression, shown: list[str], il: _Interleaving) -> Impression | Rejected:

@@ -83,9 +83,22 @@ def apply_impression(record: QueryRecord, impression: Impression, attribution: A
 
 
 def _show(record: QueryRecord, impression: Impression, attribution: Attribution) -> list[tuple[str, str]]:
+    """The list is known: apply the feedback that waited for it (impression events that
+    came before a query record with hit ids add nothing to it)."""
     record.impression = impression
     waiting, record.pending = record.pending, []
-    return [(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
+    shown, record.shown = record.shown, []
+    return ([(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
+            + [(_shown_after(record, doc), doc) for _, doc, _ in shown])
+
+
+def _shown_after(record: QueryRecord, doc: str) -> str:
+    """An impression event once the list is known: nothing to add when its document is in
+    it; else `late` (after a list assembled from impression events settled) or
+    `unmatched` (a list the query record gave)."""
+    if doc in record.impression.results:
+        return "ignored"
+    return "late" if record.header is not None else "unmatched"
 
 
 def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribution,
@@ -102,9 +115,7 @@ def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribu
         if record.impression is None:
             record.shown.append((feedback.position, feedback.doc_id, feedback.timestamp_ms))
             return "pending"
-        # The list is known (from the query record, or settled): the event adds nothing,
-        # or comes too late to place its document.
-        return "ignored" if feedback.doc_id in record.impression.results else "late"
+        return _shown_after(record, feedback.doc_id)
     if record.impression is None:
         record.pending.append(feedback)
         return "pending"

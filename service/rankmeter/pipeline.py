@@ -29,9 +29,9 @@ from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.checkpoint import Checkpoint
-from rankmeter.config import Settings, duration_ms, time_ms
+from rankmeter.config import Evaluation, Settings, duration_ms, time_ms
 from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
-from rankmeter.events import Decoder, Feedback, Impression, Rejected
+from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Impression, Rejected
 from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
 from rankmeter.source import Record
 from rankmeter.store import FENCED, Store
@@ -40,6 +40,10 @@ from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_v
 log = logging.getLogger("rankmeter.pipeline")
 
 OTHER = "other"             # the label of rankers and segments past the cap
+# The event time of the `impression` events applied, kept with the topics' watermarks: it
+# settles lists (slow clicks, later in event time, must not move it).
+SHOWN = "impression events"
+LIST = "list:"  # partition metadata: a query assembling its list -> its time
 SWEEP_INTERVAL_MS = 1000    # how often closed and orphaned queries are looked for
 SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage's backlog
                             # closes over several batches, not in one huge read
@@ -68,9 +72,12 @@ class PartitionState:
         self.records: dict[str, QueryRecord] = {}
         self.states: dict[str, QueryState] = {}
         self.open_queries = 0
-        # Queries assembling their list from impression events, known to this process ->
-        # when it first saw them (the wall clock, ms). The store has their settle deadline.
-        self.lists: dict[str, float] = {}
+        # Queries assembling their list from impression events -> their time; in the
+        # store's metadata too (LIST).
+        self.lists: dict[str, int] = {}
+        self.shown_wall_ms = 0.0  # when the last impression event came (wall clock, ms)
+        self.sequence = 0  # of the partition's last checkpoint (see Pipeline._unsure)
+        self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
         """How far event time has certainly come in this partition: the lower of the two
@@ -97,7 +104,9 @@ def layout_for(settings: Settings) -> Layout:
     e = settings.evaluation
     measures = [str(m) for m in parse_all(e.measures)]
     grading = json.dumps([sorted(e.grades.items()), e.long_dwell_ms, e.long_dwell_grade,
-                          e.relevance_level, e.empty_query_policy])
+                          e.relevance_level, e.empty_query_policy]
+                         # (the default labels leave the fingerprints as they were before labels)
+                         + ([sorted(e.labels.items())] if e.labels != Evaluation().labels else []))
     tag = hashlib.sha256(grading.encode()).hexdigest()[:8]
     names = measures + list(ONLINE_SIGNALS)
     over_all = names if e.empty_query_policy == "zero" else ONLINE_SIGNALS
@@ -135,8 +144,8 @@ class Pipeline:
         # is stored, so a batch replayed after a store failure or taken over from a fenced
         # replica is counted once.
         self._counts: dict[int, Counter[tuple[str, str]]] = {}
-        # A checkpoint whose commit failed midway: (its offsets, its counts), per partition.
-        self._unsure: dict[int, tuple[dict[str, int], Counter[tuple[str, str]]]] = {}
+        # A checkpoint whose commit failed midway: (its sequence number, its counts), per partition.
+        self._unsure: dict[int, tuple[int, Counter[tuple[str, str]]]] = {}
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -149,7 +158,8 @@ class Pipeline:
         self._layouts: dict[str, Layout | None] = {self.layout.fingerprint: self.layout}
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
-        self._end_of_input = False
+        self._last_sweep_wall = 0.0
+        self._swept: dict[int, int] = {}  # the watermarks of the last sweep, per partition
         self._zero = bytes(8 * self.layout.size)
         self.ab_size = ab_sums.size(self.layout)
         self.baseline = settings.ab.baseline
@@ -193,6 +203,9 @@ class Pipeline:
                 if fingerprint not in self._layouts:
                     self._layouts[fingerprint] = Layout.from_description(description)
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
+            state.sequence = snapshot.sequence
+            state.lists = dict(snapshot.lists)
+            state.shown_wall_ms = self.wall() * 1000
             state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
             stored = self._layouts.get(snapshot.layout) if snapshot.layout else self.layout
             state.buckets = self._load_buckets(p, snapshot.buckets, stored, state)
@@ -211,7 +224,7 @@ class Pipeline:
             self.lost.discard(p)
             self.fenced.discard(p)
             unsure = self._unsure.pop(p, None)
-            if unsure is not None and unsure[0] == snapshot.offsets:
+            if unsure is not None and unsure[0] == snapshot.sequence:
                 with self.lock:
                     self.events.update(unsure[1])   # that checkpoint was stored after all
             resume.update({(topic, p): offset for topic, offset in snapshot.offsets.items()})
@@ -294,6 +307,10 @@ class Pipeline:
             topics = newest.setdefault(r.partition, {})
             if event.timestamp_ms > topics.get(r.topic, -1):
                 topics[r.topic] = event.timestamp_ms
+            if isinstance(event, Feedback) and event.action == IMPRESSION_ACTION:
+                ps.shown_wall_ms = self.wall() * 1000
+                if event.timestamp_ms > topics.get(SHOWN, -1):
+                    topics[SHOWN] = event.timestamp_ms
 
         expired, due = self._sweep(now_ms)
         return self._step(work, advanced, newest, expired, due, now_ms)
@@ -303,12 +320,8 @@ class Pipeline:
         had passed their settle deadlines, and persist them: the end of a replayed file."""
         now_ms = int(self.clock() * 1000)
         self._counts = {}
-        self._end_of_input = True
-        try:
-            due = {p: list(ps.lists) for p, ps in self.partitions.items() if ps.lists}
-            return self._step({}, {}, {}, {}, due, now_ms)
-        finally:
-            self._end_of_input = False
+        due = {p: list(ps.lists) for p, ps in self.partitions.items() if ps.lists}
+        return self._step({}, {}, {}, {}, due, now_ms)
 
     def _step(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
               advanced: dict[int, dict[str, int]], newest: dict[int, dict[str, int]],
@@ -335,11 +348,9 @@ class Pipeline:
                     refused.update(self.store.commit([checkpoint]))
                 except self.store.unavailable:
                     # Stored or not, nobody can tell until the store answers: the claim after
-                    # recovery counts them if the stored offsets are these. (The orphans of a
-                    # checkpoint that moved no offset may go uncounted if it was stored.)
-                    if advanced.get(checkpoint.partition):
-                        self._unsure[checkpoint.partition] = (checkpoint.offsets,
-                                                              counts.get(checkpoint.partition, Counter()))
+                    # recovery counts them if the stored sequence number is this one.
+                    self._unsure[checkpoint.partition] = (int(checkpoint.meta["sequence"]),
+                                                          counts.get(checkpoint.partition, Counter()))
                     raise
                 if checkpoint.partition not in refused:
                     with self.lock:
@@ -370,22 +381,23 @@ class Pipeline:
         (their contribution stays), orphaned when their impression never came, or, when
         their list is being assembled, settled (see `_settle_due`). Never closed by the
         wall clock: a backlog after an outage is joined as it would have been live.
-        Also (`due`): lists waiting here for `windows.list_settle` of processing time
-        while the feedback topic (where impression events come) is read to its end: the
-        last queries before a quiet spell are not held back until traffic resumes."""
-        if now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS or not self.partitions:
+        Also (`due`): the lists known here that are complete (`_list_ready`). Every
+        second of event time or of the wall clock (serve sweeps on empty polls too)."""
+        wall_ms = self.wall() * 1000
+        if (now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS and wall_ms - self._last_sweep_wall < SWEEP_INTERVAL_MS) \
+                or not self.partitions:
             return {}, {}
+        self._last_sweep_wall = wall_ms
         topics = (self.impressions_topic, self.feedback_topic)
         due = {}
-        waited = self.wall() * 1000 - self.settle_ms
         for p, ps in self.partitions.items():
-            if ps.lists and (self.feedback_topic, p) in self.caught_up:
-                if ready := [q for q, seen in ps.lists.items() if seen <= waited]:
-                    due[p] = ready
+            if ps.lists and (ready := [q for q, ts in ps.lists.items() if self._list_ready(p, ts)]):
+                due[p] = ready
         watermarks = {p: wm for p, ps in self.partitions.items()
                       if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
         if not watermarks:
             return {}, due
+        self._swept = watermarks
         found = self.store.expired(watermarks, SWEEP_LIMIT)
         expired = {}
         for p, (qids, open_count) in found.items():
@@ -457,7 +469,9 @@ class Pipeline:
                 if isinstance(event, Impression):
                     outcome, waiting = apply_impression(record, event, self.attribution)
                     if outcome == "pending":  # its list comes from impression events
-                        self.partitions[p].lists[event.query_id] = self.wall() * 1000
+                        ps = self.partitions[p]
+                        ps.lists[event.query_id] = event.timestamp_ms
+                        ps.meta[LIST + event.query_id] = str(event.timestamp_ms)
                         if complete(record):
                             self._settle(key, record, changed)
                         continue
@@ -495,37 +509,47 @@ class Pipeline:
     def _settle(self, key: _Touched, record: QueryRecord, changed: dict[_Touched, set[str] | None]) -> None:
         """Evaluate a query whose list was assembled from impression events (join.settle)."""
         used, waiting = settle(record, self.attribution, self.max_results)
-        self.partitions[key.partition].lists.pop(key.query_id, None)
+        ps = self.partitions[key.partition]
+        ps.lists.pop(key.query_id, None)
+        if ps.meta.pop(LIST + key.query_id, None) is None:  # stored by an earlier checkpoint
+            ps.meta_deleted.append(LIST + key.query_id)
         count = self._counts.setdefault(key.partition, Counter())
         count[("impressions", "applied")] += 1
         count[("feedback", "listed")] += used
         self._applied(key, record, waiting, changed)
 
+    def _list_ready(self, p: int, ts: int) -> bool:
+        """Whether the list of a query at event time `ts` is complete: the partition's
+        impression events have passed `ts` plus `windows.list_settle` in event time (clicks,
+        which come later in event time, do not count: a slow click read before the next
+        queries' impression events must not cut their lists short); or they have reached
+        `ts` and then none came for `windows.list_settle` of processing time while the
+        feedback topic is read to its end (a quiet spell: the last lists before it). While
+        the impression events stay behind `ts` (their producer is down), the list waits."""
+        ps = self.partitions[p]
+        shown_ms = ps.watermarks.get(SHOWN, -1)
+        if shown_ms >= ts + self.settle_ms:
+            return True
+        return (shown_ms >= ts and (self.feedback_topic, p) in self.caught_up
+                and ps.shown_wall_ms + self.settle_ms <= self.wall() * 1000)
+
     def _settle_due(self, expired: dict[int, list[str]], due: dict[int, list[str]],
                     touched: dict[_Touched, QueryRecord], changed: dict[_Touched, set[str] | None]) -> None:
-        """Settle the swept queries assembling their lists (the others close) once the
-        feedback topic, where their impression events come, has passed their record's
-        time plus `windows.list_settle` in event time: the impressions topic running
-        ahead of it (a backlog read unevenly, a replay) must not cut lists short. Those
-        not settled yet stay open: `due` settles them at the latest."""
+        """Settle the lists found complete (`due`), and those whose query's attribution
+        window the sweep found passed (no click could count any more: settled with what
+        came, not closed)."""
         for p in {*expired, *due}:
             ps = self.partitions[p]
-            feedback_ms = ps.watermarks.get(self.feedback_topic, -1)
-            ready = set(due.get(p, ()))
-            waiting = []
-            for qid in expired.get(p, []) + due.get(p, []):
+            settle_now = list(due.get(p, ()))
+            found = {qid for qid in expired.get(p, ()) if (r := ps.records.get(qid)) is not None and r.assembling}
+            if found:
+                expired[p] = [q for q in expired[p] if q not in found]
+            for qid in settle_now + sorted(found):
                 record = ps.records.get(qid)
-                if record is None or not record.assembling:
-                    continue
-                if qid in ready or self._end_of_input or record.header.timestamp_ms + self.settle_ms <= feedback_ms:
+                if record is not None and record.assembling:
                     key = _Touched(p, qid)
                     touched[key] = record
                     self._settle(key, record, changed)
-                else:
-                    waiting.append(qid)
-                    ps.lists.setdefault(qid, self.wall() * 1000)  # known here from now on
-            if waiting and p in expired:
-                expired[p] = [q for q in expired[p] if q not in set(waiting)]  # not closed: waiting
 
     def _evaluate(self, touched: dict[_Touched, QueryRecord],
                   changed: dict[_Touched, set[str] | None]) -> dict[int, set[BucketKey]]:
@@ -657,7 +681,7 @@ class Pipeline:
             records.setdefault(k.partition, {})[k.query_id] = encode(r)
             deadlines.setdefault(k.partition, {})[k.query_id] = self._deadline(r)
         checkpoints = []
-        pending = {p for p, ps in self.partitions.items() if ps.dirty_ab or ps.meta or ps.drop_fields}
+        pending = {p for p, ps in self.partitions.items() if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted}
         for p in set(advanced) | set(expired) | set(dirty_buckets) | pending:
             ps = self.partitions[p]
             ps.offsets.update(advanced.get(p, {}))
@@ -684,10 +708,14 @@ class Pipeline:
                 ps.dirty_ab = set()
                 dropped_fields = [b.encode() for b in dropped] + ps.drop_fields
                 meta, ps.meta, ps.drop_fields = ps.meta, {}, []
+                meta_deleted, ps.meta_deleted = ps.meta_deleted, []
+                ps.sequence += 1
+                meta["sequence"] = str(ps.sequence)
             checkpoints.append(Checkpoint(
                 partition=p, epoch=ps.epoch, layout=self.layout.fingerprint, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
-                deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta))
+                deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
+                meta_deleted=meta_deleted))
         return checkpoints
 
     def _deadline(self, record: QueryRecord) -> int:
@@ -697,8 +725,8 @@ class Pipeline:
         assembling its list settles at its record's time plus `windows.list_settle`."""
         if record.impression is not None:
             return record.impression.timestamp_ms + self.attribution.explicit_ms
-        if record.header is not None:
-            return record.header.timestamp_ms + self.settle_ms
+        if record.header is not None:  # assembling: settled by then at the latest (`_settle_due`)
+            return record.header.timestamp_ms + self.attribution.implicit_ms
         explicit = any(fb.explicit for fb in record.pending)
         window = self.attribution.explicit_ms if explicit else self.attribution.implicit_ms
         return max([fb.timestamp_ms for fb in record.pending] + [ts for *_, ts in record.shown]) + window
@@ -779,10 +807,6 @@ class Pipeline:
         self.interleaving_result, kept = interleaving_look(vectors, self.settings.ab, running)
         if save:
             self.store.save_running("interleaving", kept)
-
-    def lists_waiting(self) -> bool:
-        """Whether some query of this process waits for its list (see `_sweep`)."""
-        return any(ps.lists for ps in list(self.partitions.values()))
 
     def open_queries(self) -> int:
         return sum(ps.open_queries for ps in list(self.partitions.values()))

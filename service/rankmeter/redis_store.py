@@ -32,7 +32,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from rankmeter.checkpoint import Checkpoint
-from rankmeter.store import FENCED, LOST, PartitionSnapshot, layout_history
+from rankmeter.store import FENCED, LOST, PartitionSnapshot, layout_history, meta_state
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -47,7 +47,8 @@ return 0
 
 # A checkpoint (checkpoint.py), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
 # ARGV: epoch, layout, then counted sections: records (id, record), deadlines (score, id),
-# buckets, offsets, watermarks, arm sums (field, value); deleted records, dropped buckets (ids).
+# buckets, offsets, watermarks and metadata, arm sums (field, value); deleted records,
+# dropped buckets, deleted metadata fields (ids).
 # Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone.
 _COMMIT = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
@@ -72,6 +73,7 @@ section(1, function(a, b)
   redis.call('ZREM', KEYS[3], unpack(ARGV, a, b))
 end)
 section(1, function(a, b) redis.call('HDEL', KEYS[4], unpack(ARGV, a, b)) end)
+section(1, function(a, b) redis.call('HDEL', KEYS[1], unpack(ARGV, a, b)) end)
 redis.call('HSET', KEYS[1], 'layout', ARGV[2])
 return 1
 """
@@ -146,7 +148,7 @@ class RedisStore:
             int(meta.get("epoch", 0)), {k.decode(): int(v) for k, v in offsets.items()},
             {k[len("watermark:"):]: int(v) for k, v in meta.items() if k.startswith("watermark:")},
             meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()},
-            {k.decode(): v for k, v in ab.items()}, *layout_history(meta))
+            {k.decode(): v for k, v in ab.items()}, *layout_history(meta), *meta_state(meta))
 
     def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
@@ -179,7 +181,7 @@ class RedisStore:
             for pairs in sections:
                 args.append(len(pairs))
                 args += [x for pair in pairs for x in pair]
-            for ids in (c.deleted, c.dropped_buckets):
+            for ids in (c.deleted, c.dropped_buckets, c.meta_deleted):
                 args.append(len(ids))
                 args += ids
             outcome = self._commit(keys=keys, args=args)

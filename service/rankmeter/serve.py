@@ -118,7 +118,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                                                "topics": [k.impressions_topic, k.feedback_topic]})
     if on_start is not None:
         on_start(pipeline, port)
-    last_lag = last_progress = last_ab = time.monotonic()
+    last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
     consumed = 0
     paused: set[int] = set()
     try:
@@ -131,9 +131,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
             _watch_source(source, health)
-            # An empty poll still sweeps while lists wait for their impression events:
-            # the last lists before a quiet spell settle without waiting for traffic.
-            if records or pipeline.lists_waiting():
+            # An empty poll still sweeps (at most every second): lists assembled from
+            # impression events settle in a quiet spell too, also after a restart.
+            if records or time.monotonic() - last_idle_sweep >= 1.0:
+                last_idle_sweep = time.monotonic()
                 started = time.perf_counter()
                 if isinstance(clock, EventClock):
                     clock.see(records)

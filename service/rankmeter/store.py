@@ -27,6 +27,8 @@ class PartitionSnapshot(NamedTuple):
     ab: dict[str, bytes] = {}    # experiment arm sums (checkpoint.Checkpoint.ab)
     history: list[str] = []      # the partition's layout fingerprints, oldest first
     descriptions: dict[str, str] = {}  # fingerprint -> windows.Layout description
+    sequence: int = 0            # of the last checkpoint stored (checkpoint.Checkpoint.meta)
+    lists: dict[str, int] = {}   # queries assembling their list from impression events -> their time
 
 
 class Store(Protocol):
@@ -76,6 +78,12 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def meta_state(meta: Mapping[str, str]) -> tuple[int, dict[str, int]]:
+    """A partition's last checkpoint sequence number and its lists being assembled."""
+    return (int(meta.get("sequence", 0)),
+            {k[len("list:"):]: int(v) for k, v in meta.items() if k.startswith("list:")})
+
+
 def layout_history(meta: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """A partition's layout history and descriptions, from its metadata fields."""
     return (meta.get("history", "").split(),
@@ -107,9 +115,10 @@ class MemoryStore:
 
     def load(self, partition: int) -> PartitionSnapshot:
         p = partition
+        meta = self.meta.get(p, {})
         return PartitionSnapshot(self.epochs.get(p, 0), dict(self.offsets.get(p, {})), dict(self.watermarks.get(p, {})),
                                  self.layouts.get(p, ""), dict(self.buckets.get(p, {})), dict(self.ab.get(p, {})),
-                                 *layout_history(self.meta.get(p, {})))
+                                 *layout_history(meta), *meta_state(meta))
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         return {p: [self.records.get(p, {}).get(q) for q in qids] for p, qids in wanted.items()}
@@ -135,6 +144,8 @@ class MemoryStore:
             self.ab.setdefault(p, {}).update(c.ab)
             self.layouts[p] = c.layout
             self.meta.setdefault(p, {}).update(c.meta)
+            for field in c.meta_deleted:
+                self.meta[p].pop(field, None)
             self.offsets.setdefault(p, {}).update(c.offsets)
             self.watermarks.setdefault(p, {}).update(c.watermarks)
         return refused

@@ -51,25 +51,24 @@ def test_ubi_records_as_the_generator_and_the_collector_write_them_equal_native_
                 log_path=tmp_path / "ubi.log")
     reference = Serve(kafka_bootstrap, redis_url, native_topics, f"g-{run}-native", f"rm-{run}-native",
                       log_path=tmp_path / "native.log")
+    # The three shapes' searches interleaved in time, as one site would send them.
+    stream = in_time_order([item for shape, qs in queries.items() for item in SHAPES[shape](qs)])
+    half = len(stream) // 2
     with ubi.start(create_topics=None), reference.start(create_topics=None):
-        for shape, qs in queries.items():
-            stream = in_time_order(SHAPES[shape](qs))
-            if shape == "generator":  # killed halfway: lists open in Redis, none in memory
-                half = len(stream) // 2
-                send(kafka_bootstrap, ubi_topics, stream[:half])
-                wait_until(lambda: sum(ubi.events().values()) > 0, 60, "the first half to be consumed")
-                ubi.stop(signal.SIGKILL)
-                ubi.start(create_topics=None)
-                stream = stream[half:]
-            send(kafka_bootstrap, ubi_topics, stream)
-            send(kafka_bootstrap, native_topics, native(qs))
+        send(kafka_bootstrap, ubi_topics, stream[:half])
+        # Killed halfway, with lists open: the restarted service finds them in Redis.
+        wait_until(lambda: sum(ubi.events().values()) > 0, 60, "the first half to be consumed")
+        ubi.stop(signal.SIGKILL)
+        ubi.start(create_topics=None)
+        send(kafka_bootstrap, ubi_topics, stream[half:])
+        send(kafka_bootstrap, native_topics, [item for qs in queries.values() for item in native(qs)])
         reference.wait_for_events(sum(expected_events(qs, False) for qs in queries.values()))
         want = sums_of(reference)
         # The killed process took its counters with it: wait on the aggregates themselves.
         wait_until(lambda: _close(sums_of(ubi), want), 120, "the UBI aggregates to reach the native ones")
         got = sums_of(ubi)
         events = ubi.events()
-        assert events[("feedback", "listed")] >= sum(len(q.shown) for q in queries["collector"] + queries["rank"])
+        assert events[("feedback", "listed")] > 0
         assert ("feedback", "late") not in events and ("feedback", "orphaned") not in events
     assert len(want) > 6 * 4 * 10, "every ranker, window and measure exported"
     assert got.keys() == want.keys()
