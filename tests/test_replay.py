@@ -444,3 +444,18 @@ def test_any_window_with_embedded_ends_at_the_last_event(tmp_path):
         "rankmeter replay: error: --window: 'week' is not a duration like 30s, 5m, 1h, 7d or 2d14h\n")
     out = run_replay("--window", "1h", path)
     assert out.returncode == 2 and "--window and --baseline need --embedded" in out.stderr
+
+
+def test_embedded_takes_a_file_spanning_more_than_max_past(tmp_path):
+    # The generator's default week often spans more than 7 days: the end read first (the
+    # bus hands over one topic's partition after another) must not make the start too old.
+    day = 86_400_000
+    last = 1_700_000_000_000
+    records = [{"query_id": f"q{d}", "ranker": "bm25", "timestamp": last - d * day, "results": ["a"]}
+               for d in range(12)]
+    records += [{"query_id": "q11", "action": "click", "doc_id": "a", "timestamp": last - 11 * day + 1000}]
+    out = run_replay("--embedded", "--window", "30d", write(tmp_path, "long.ndjson", records))
+    assert out.returncode == 0, out.stderr
+    assert "invalid" not in out.stdout
+    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("bm25 "))
+    assert int(row[1]) == 12

@@ -227,6 +227,8 @@ def test_positions_of_every_shape_and_their_bases():
     assert position(position={"ordinal": 0}) == 0      # the generator: 0-based, the order is what counts
     assert position(position={"index": 0}) == 1
     assert position(rank=0) == 1
+    assert position(position={"xy": {"x": 260.0, "y": 180.4}}) == 180_000_260   # reading order
+    assert position(position={"xy": {"x": 20.0, "y": 500}}) > position(position={"xy": {"x": 900, "y": 180}})
     assert position(position={"ordinal": -1}) == Rejected("invalid", "position -1 is below 0")
     assert position(position={"x": 3, "y": 4}) == Rejected(
         "ignored", "an impression event without a position cannot place its document in a list")

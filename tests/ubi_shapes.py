@@ -117,9 +117,37 @@ def generator(queries: list[Query]) -> list[tuple[str, str, dict]]:
 
 
 def collector(queries: list[Query]) -> list[tuple[str, str, dict]]:
-    """The UBI JavaScript collector's shape: a query record with an empty
-    `query_response_hit_ids` and the ranker in `query_attributes`, impression events with a
-    0-based `position.index`, clicks with a 1-based `position.ordinal`."""
+    """What the UBI JavaScript collector (ubi-javascript-collector/ubi.js) sends: its
+    `UbiQueryRequest` (no hit ids at all; the ranker in `query_attributes`, `object_id_field`)
+    and `UbiEvent`s built with `UbiEventAttributes` (an object with a description, and a
+    position that is an `ordinal` or an `xy`), serialised without nulls. Here the page shows
+    a grid of 4 columns: impression events say where (`xy`), clicks their ordinal."""
+    out = []
+    for q in queries:
+        out.append(("impressions", q.query_id, {
+            "application": "shop", "query_id": q.query_id, "client_id": "c1", "user_query": "usb cable",
+            "query_attributes": {"ranker": q.ranker}, "object_id_field": "sku", "timestamp": iso(q.timestamp_ms)}))
+
+        def event(action: str, doc: str, ms: int, position: dict) -> dict:
+            return {"application": "shop", "action_name": action, "query_id": q.query_id, "session_id": "s1",
+                    "client_id": "c1", "user_id": "", "timestamp": iso(ms), "message_type": "INFO", "message": "",
+                    "event_attributes": {"object": {"object_id": doc, "object_id_field": "sku",
+                                                    "description": f"product {doc}"},
+                                         "position": position}}
+
+        for n, doc in enumerate(q.shown):
+            out.append(("feedback", q.query_id, event("impression", doc, q.timestamp_ms + 300,
+                                                      {"xy": {"x": 20.0 + 240 * (n % 4), "y": 180.5 + 320 * (n // 4)}})))
+        for doc, delay in q.clicks:
+            out.append(("feedback", q.query_id, event("click", doc, q.timestamp_ms + delay,
+                                                      {"ordinal": q.shown.index(doc) + 1})))
+    return out
+
+
+def empty_hits(queries: list[Query]) -> list[tuple[str, str, dict]]:
+    """Query records with an empty `query_response_hit_ids` and the ranker in
+    `query_attributes`, impression events with a 0-based `position.index`, clicks with a
+    1-based `position.ordinal` (the issue's description of collectors in the wild)."""
     out = []
     for q in queries:
         out.append(("impressions", q.query_id, {
@@ -154,13 +182,15 @@ def ranked(queries: list[Query]) -> list[tuple[str, str, dict]]:
     return out
 
 
-SHAPES = {"generator": generator, "collector": collector, "rank": ranked}
+SHAPES = {"generator": generator, "collector": collector, "empty-hits": empty_hits, "rank": ranked}
+
+
+def event_ms(record: dict) -> int:
+    t = record["timestamp"]
+    return t if isinstance(t, int) else int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def in_time_order(stream: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
     """As a live site sends them: by event time (a click comes when it happens, after the
     next searches' records)."""
-    def ms(record: dict) -> int:
-        t = record["timestamp"]
-        return t if isinstance(t, int) else int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000)
-    return sorted(stream, key=lambda item: ms(item[2]))
+    return sorted(stream, key=lambda item: event_ms(item[2]))

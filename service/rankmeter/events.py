@@ -103,9 +103,15 @@ class _UbiObject(msgspec.Struct):
     object_id: str | int | None = None
 
 
+class _UbiXY(msgspec.Struct):
+    x: float
+    y: float
+
+
 class _UbiPosition(msgspec.Struct):
     ordinal: int | None = None   # 1-based in the UBI schema; the UBI data generator writes 0-based
     index: int | None = None     # 0-based (what some collectors send)
+    xy: _UbiXY | None = None     # where on the page (the UBI JavaScript collector's alternative)
 
 
 class _UbiEventAttributes(msgspec.Struct):
@@ -333,10 +339,14 @@ def event_time_ms(value: object) -> int:
 def _ubi_position(attributes: _UbiEventAttributes) -> int | None:
     """A UBI event's position as a sort key: `position.ordinal` as sent (1-based in the UBI
     schema, 0-based from the UBI data generator: only the order is used), else the 0-based
-    `position.index` or `rank`, plus one."""
+    `position.index` or `rank`, plus one, else `position.xy` in reading order (top to
+    bottom, then left to right, to the pixel: y * 1,000,000 + x)."""
     p = attributes.position
     if p is not None and p.ordinal is not None:
         return p.ordinal
+    if p is not None and p.index is None and p.xy is not None and attributes.rank is None:
+        x, y = round(p.xy.x), round(p.xy.y)
+        return y * 1_000_000 + x if 0 <= x < 1_000_000 and y >= 0 else -1
     zero_based = p.index if p is not None and p.index is not None else attributes.rank
     if zero_based is None:
         return None

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import IO, Any, NamedTuple, TextIO
 
+import msgspec
+
 from rankmeter.clock import EventClock
 from rankmeter.config import Settings, duration_ms
 from rankmeter.events import event_time_ms
@@ -552,6 +554,10 @@ def evaluate(settings: Settings, bus: Bus, progress: Progress | None = None) -> 
     now is the newest record consumed; then every list still being assembled is settled."""
     clock = EventClock(max_future_ms=duration_ms(settings.windows.max_future))
     invalid: Counter[str] = Counter()
+    # The bus hands over one topic's partition before the next, so now (the newest record
+    # read) may be the file's end while its start is still to come: a file of any span
+    # is history, not records too old to take.
+    settings = msgspec.structs.replace(settings, windows=msgspec.structs.replace(settings.windows, max_past="36500d"))
 
     def dead_letter(record: Any, reason: str) -> None:
         invalid[reason] += 1
