@@ -144,8 +144,9 @@ class Pipeline:
         # is stored, so a batch replayed after a store failure or taken over from a fenced
         # replica is counted once.
         self._counts: dict[int, Counter[tuple[str, str]]] = {}
-        # A checkpoint whose commit failed midway: (its sequence number, its counts), per partition.
-        self._unsure: dict[int, tuple[int, Counter[tuple[str, str]]]] = {}
+        # A checkpoint whose commit failed midway: ((its sequence number, offsets), its
+        # counts), per partition.
+        self._unsure: dict[int, tuple[tuple[int, dict[str, int]], Counter[tuple[str, str]]]] = {}
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -224,7 +225,7 @@ class Pipeline:
             self.lost.discard(p)
             self.fenced.discard(p)
             unsure = self._unsure.pop(p, None)
-            if unsure is not None and unsure[0] == snapshot.sequence:
+            if unsure is not None and unsure[0] == (snapshot.sequence, snapshot.offsets):
                 with self.lock:
                     self.events.update(unsure[1])   # that checkpoint was stored after all
             resume.update({(topic, p): offset for topic, offset in snapshot.offsets.items()})
@@ -349,7 +350,7 @@ class Pipeline:
                 except self.store.unavailable:
                     # Stored or not, nobody can tell until the store answers: the claim after
                     # recovery counts them if the stored sequence number is this one.
-                    self._unsure[checkpoint.partition] = (int(checkpoint.meta["sequence"]),
+                    self._unsure[checkpoint.partition] = ((int(checkpoint.meta["sequence"]), checkpoint.offsets),
                                                           counts.get(checkpoint.partition, Counter()))
                     raise
                 if checkpoint.partition not in refused:
