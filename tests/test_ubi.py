@@ -88,14 +88,15 @@ def test_a_list_settles_when_event_time_passes_the_record_time_plus_list_settle(
     # A click of another query a minute later: clicks come late in event time, they do
     # not settle lists. Impression events of other queries 9.9 s later: not yet ...
     run.send([("impressions", "q1", header), ("feedback", "q1", shown[2])])
-    run.send([_other("q1", t + 60_000, "feedback"), _other("q1", t + 9_900), _other("q1", t + 9_900, "shown")])
+    run.send([_other("q1", t + 60_000, "feedback"), *_shown_other("q1", t + 9_900)])
     run.tick()
-    assert events(pipeline) == {("impressions", "applied"): 1, ("impressions", "duplicate"): 1}
+    assert events(pipeline) == {("impressions", "applied"): 1, ("impressions", "duplicate"): 1,
+                                ("feedback", "ignored"): 1}
     # ... 10 s later, the list settles with what it had: "c" came, so it is in.
-    run.send([_other("q1", t + 10_000), _other("q1", t + 10_000, "shown")])
+    run.send(_shown_other("q1", t + 10_000))
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 3, ("impressions", "duplicate"): 1,
-                                ("feedback", "listed"): 3}
+                                ("feedback", "listed"): 3, ("feedback", "ignored"): 2}
     assert run.clock.t - NOW_S < 10  # by event time: the process clock has not moved 10 s
     record = pipeline.partitions[_partition("q1")].records["q1"]
     assert record.impression.results == ["a", "b", "c"]
@@ -104,7 +105,7 @@ def test_a_list_settles_when_event_time_passes_the_record_time_plus_list_settle(
                                                 "object_id": "d", "position": 3})
     again = {**shown[0], "timestamp": iso(t + 11_000)}
     run.send([("feedback", "q1", late), ("feedback", "q1", again)])
-    assert events(pipeline)[("feedback", "late")] == 1 and events(pipeline)[("feedback", "ignored")] == 1
+    assert events(pipeline)[("feedback", "late")] == 1 and events(pipeline)[("feedback", "ignored")] == 3
     assert record.impression.results == ["a", "b", "c"]
 
 
@@ -206,9 +207,9 @@ def test_a_list_waits_for_the_feedback_topic_to_pass_its_time_when_impressions_r
     run.tick()
     run.tick()
     assert events(pipeline) == {("impressions", "applied"): 1}  # `ahead`; q1 waits for the feedback topic
-    run.send([("feedback", "q1", _impression_event("q1", t + 1_000, "b", 1)), _other("q1", t + 10_000, "shown")])
+    run.send([("feedback", "q1", _impression_event("q1", t + 1_000, "b", 1)), *_shown_other("q1", t + 10_000)])
     run.tick()
-    assert events(pipeline) == {("impressions", "applied"): 2, ("feedback", "listed"): 2}
+    assert events(pipeline) == {("impressions", "applied"): 3, ("feedback", "listed"): 2, ("feedback", "ignored"): 1}
     assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["a", "b"]
 
 
@@ -292,13 +293,18 @@ def _other(like: str, ms: int, kind: str = "impressions") -> tuple[str, str, dic
     _used[qid] = True
     if kind == "impressions":
         return ("impressions", qid, _native(qid, ms))
-    if kind == "shown":  # an impression event (of a query whose list it does not change)
-        return ("feedback", qid, {"query_id": qid, "action": "impression", "doc_id": "y", "position": 1,
-                                  "timestamp": ms})
     return ("feedback", qid, {"query_id": qid, "action": "click", "doc_id": "z", "timestamp": ms})
 
 
 _used: dict[str, bool] = {}
+
+
+def _shown_other(like: str, ms: int) -> list[tuple[str, str, dict]]:
+    """Another query of `like`'s partition at `ms`, and an impression event of it: the
+    partition's impression events reach `ms`."""
+    kind, qid, record = _other(like, ms)
+    return [(kind, qid, record),
+            ("feedback", qid, {"query_id": qid, "action": "impression", "doc_id": "z", "position": 1, "timestamp": ms})]
 
 
 def _partition(query_id: str) -> int:
@@ -370,3 +376,53 @@ def test_changing_the_labels_grades_starts_the_measures_afresh():
     default = layout_for(SETTINGS).fingerprint
     assert layout_for(config.load(None, {"RANKMETER_EVALUATION_LABELS": "E=1,S=0.1,C=0.01,I=0"})).fingerprint != default
     assert layout_for(config.load(None, {})).fingerprint == default
+
+
+def test_a_fast_browser_clock_does_not_cut_other_queries_lists():
+    t = NOW_MS - 600_000
+    run = Feed()
+    pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
+                         ("feedback", "q1", _impression_event("q1", t + 300, "a", 0))])
+    # Another search of the partition a second later, its browser 30 s fast: the impression
+    # events reach its record's time (the search engine's clock), not the browser's.
+    other = _shown_other("q1", t + 1_000)
+    other[1][2]["timestamp"] = t + 30_000
+    run.send(other)
+    run.tick()
+    assert ("feedback", "listed") not in events(pipeline)   # q1 still waits
+    run.send([("feedback", "q1", _impression_event("q1", t + 400, d, i)) for i, d in ((1, "b"), (2, "c"))]
+             + _shown_other("q1", t + 11_000))
+    run.tick()
+    assert pipeline.partitions[_partition("q1")].records["q1"].impression.results == ["a", "b", "c"]
+
+
+def test_a_slow_browser_clock_still_lets_the_last_list_settle_in_a_quiet_spell():
+    t = NOW_MS - 600_000
+    run = Feed()
+    pipeline = run.send([("impressions", "q1", make_query_event(_config("shop"), _row("q1", t))),
+                         ("feedback", "q1", _impression_event("q1", t - 1_700, "a", 0))])
+    pipeline.caught_up = {(TOPICS["feedback"], p) for p in range(3)}
+    run.wall.t += 10
+    run.tick()
+    assert events(pipeline) == {("impressions", "applied"): 1, ("feedback", "listed"): 1}
+
+
+def test_a_batch_another_replica_replayed_and_committed_is_not_counted_again_on_reclaim():
+    from test_pipeline import FlakyStore
+
+    t = NOW_MS - 60_000
+    store = FlakyStore()
+    qid = next(q for q in (f"q{n}" for n in range(100)) if _partition(q) == 0)  # committed first
+    a = Feed(store)
+    store.fail = "before"   # replica A's first checkpoint is not stored; A keeps it as unsure
+    with pytest.raises(ConnectionError):
+        a.send([("impressions", qid, _native(qid, t))])
+    assert a.pipeline._unsure[0][1] == {("impressions", "applied"): 1}
+    a.pipeline.revoke(list(a.pipeline.partitions), reclaiming=True)
+    b = Feed(store)          # replica B takes the partitions over, replays and counts the batch
+    b.bus = a.bus
+    b.bus.subscribe(list(TOPICS.values()), b.pipeline.assign, b.pipeline.revoke)
+    b.send([])               # its first checkpoint of the partition: numbered as A's was
+    a.bus.seek(a.pipeline.assign(list(range(3))))   # A's recovery claims them again
+    assert sum(b.pipeline.events.values()) == 1
+    assert sum(a.pipeline.events.values()) == 0

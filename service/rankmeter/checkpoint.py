@@ -14,7 +14,8 @@ step (one Lua script on the partition's hash tag in Redis), in this order:
        experiment's arm sums that changed;
     5. record the layout fingerprint the buckets are written in (and, after a
        configuration change, the partition's layout history and the new description),
-       the checkpoint's sequence number, and the queries assembling their lists;
+       the checkpoint's mark (its owner's epoch and a number), and the queries
+       assembling their lists;
     6. record the new offsets and watermarks.
 
 A crash before the step keeps the previous checkpoint whole; replay after a restart
@@ -40,5 +41,5 @@ class Checkpoint(NamedTuple):
     dropped_buckets: list[str]      # buckets past every window
     ab: dict[str, bytes] = {}       # experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
     meta: dict[str, str] = {}       # partition metadata: the layout history and descriptions, the
-                                    # checkpoint's sequence number (pipeline._unsure), lists assembling
+                                    # checkpoint's mark (pipeline._unsure), lists assembling
     meta_deleted: list[str] = []    # metadata fields to delete (lists settled)

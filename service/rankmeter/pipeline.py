@@ -76,7 +76,7 @@ class PartitionState:
         # store's metadata too (LIST).
         self.lists: dict[str, int] = {}
         self.shown_wall_ms = 0.0  # when the last impression event came (wall clock, ms)
-        self.sequence = 0  # of the partition's last checkpoint (see Pipeline._unsure)
+        self.checkpoints = 0  # written by this owner (their mark: epoch and number, Pipeline._unsure)
         self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
@@ -144,9 +144,8 @@ class Pipeline:
         # is stored, so a batch replayed after a store failure or taken over from a fenced
         # replica is counted once.
         self._counts: dict[int, Counter[tuple[str, str]]] = {}
-        # A checkpoint whose commit failed midway: ((its sequence number, offsets), its
-        # counts), per partition.
-        self._unsure: dict[int, tuple[tuple[int, dict[str, int]], Counter[tuple[str, str]]]] = {}
+        # A checkpoint whose commit failed midway: (its mark, its counts), per partition.
+        self._unsure: dict[int, tuple[str, Counter[tuple[str, str]]]] = {}
         self.folded: Counter[str] = Counter()               # label kind -> values folded
         self.partitions: dict[int, PartitionState] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -197,14 +196,13 @@ class Pipeline:
                 if had_state:
                     log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
                     self.store.wipe(p)
-                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[],
+                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
                                                  descriptions={})
                 snapshot = snapshot._replace(offsets={self.impressions_topic: 0, self.feedback_topic: 0})
             for fingerprint, description in snapshot.descriptions.items():
                 if fingerprint not in self._layouts:
                     self._layouts[fingerprint] = Layout.from_description(description)
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
-            state.sequence = snapshot.sequence
             state.lists = dict(snapshot.lists)
             state.shown_wall_ms = self.wall() * 1000
             state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
@@ -225,7 +223,7 @@ class Pipeline:
             self.lost.discard(p)
             self.fenced.discard(p)
             unsure = self._unsure.pop(p, None)
-            if unsure is not None and unsure[0] == (snapshot.sequence, snapshot.offsets):
+            if unsure is not None and unsure[0] == snapshot.mark:
                 with self.lock:
                     self.events.update(unsure[1])   # that checkpoint was stored after all
             resume.update({(topic, p): offset for topic, offset in snapshot.offsets.items()})
@@ -310,8 +308,6 @@ class Pipeline:
                 topics[r.topic] = event.timestamp_ms
             if isinstance(event, Feedback) and event.action == IMPRESSION_ACTION:
                 ps.shown_wall_ms = self.wall() * 1000
-                if event.timestamp_ms > topics.get(SHOWN, -1):
-                    topics[SHOWN] = event.timestamp_ms
 
         expired, due = self._sweep(now_ms)
         return self._step(work, advanced, newest, expired, due, now_ms)
@@ -329,7 +325,7 @@ class Pipeline:
               expired: dict[int, list[str]], due: dict[int, list[str]], now_ms: int) -> dict[tuple[str, int], int]:
         counts = self._counts
         self._load_records(work, {p: expired.get(p, []) + due.get(p, []) for p in {*expired, *due}})
-        touched, changed = self._join(work)
+        touched, changed = self._join(work, now_ms)
         self._settle_due(expired, due, touched, changed)
         dirty_buckets = self._evaluate(touched, changed)
         for p, topics in newest.items():
@@ -349,8 +345,9 @@ class Pipeline:
                     refused.update(self.store.commit([checkpoint]))
                 except self.store.unavailable:
                     # Stored or not, nobody can tell until the store answers: the claim after
-                    # recovery counts them if the stored sequence number is this one.
-                    self._unsure[checkpoint.partition] = ((int(checkpoint.meta["sequence"]), checkpoint.offsets),
+                    # recovery counts them if the last checkpoint stored is this one (its
+                    # mark: another owner's checkpoints since carry their own epoch).
+                    self._unsure[checkpoint.partition] = (checkpoint.meta["mark"],
                                                           counts.get(checkpoint.partition, Counter()))
                     raise
                 if checkpoint.partition not in refused:
@@ -454,7 +451,7 @@ class Pipeline:
         record.contribution = vector.tobytes()
         return record
 
-    def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]]
+    def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]], now_ms: int
               ) -> tuple[dict[_Touched, QueryRecord], dict[_Touched, set[str] | None]]:
         """Apply events to their records. `changed` holds, per query with an impression,
         the documents whose grade may have changed (None: evaluate from scratch)."""
@@ -473,6 +470,8 @@ class Pipeline:
                         ps = self.partitions[p]
                         ps.lists[event.query_id] = event.timestamp_ms
                         ps.meta[LIST + event.query_id] = str(event.timestamp_ms)
+                        if record.shown:
+                            self._shown(p, event.timestamp_ms, now_ms)
                         if complete(record):
                             self._settle(key, record, changed)
                         continue
@@ -485,6 +484,10 @@ class Pipeline:
                         outcome = "invalid"
                         self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
                                                  f"feedback events (limits.max_events_per_query)")
+                    if event.action == IMPRESSION_ACTION and outcome != "duplicate":
+                        known = record.header or record.impression
+                        if known is not None:
+                            self._shown(p, known.timestamp_ms, now_ms)
                     if outcome != "pending":  # counted once, by what becomes of it
                         count[("feedback", outcome)] += 1
                     elif complete(record):  # the impression event that completes its list
@@ -494,6 +497,15 @@ class Pipeline:
                     if outcome == "applied" and changed[key] is not None:
                         changed[key].add(event.doc_id)
         return touched, changed
+
+    def _shown(self, p: int, query_ms: int, now_ms: int) -> None:
+        """An impression event of a query at `query_ms` came: the partition's impression
+        events have reached that time. The query record's time (the search engine's clock),
+        not the event's (a browser's, which may run fast or slow)."""
+        watermarks = self.partitions[p].watermarks
+        query_ms = min(query_ms, now_ms)
+        if query_ms > watermarks.get(SHOWN, -1):
+            watermarks[SHOWN] = query_ms
 
     def _applied(self, key: _Touched, record: QueryRecord, waiting: list[tuple[str, str]],
                  changed: dict[_Touched, set[str] | None]) -> None:
@@ -710,8 +722,8 @@ class Pipeline:
                 dropped_fields = [b.encode() for b in dropped] + ps.drop_fields
                 meta, ps.meta, ps.drop_fields = ps.meta, {}, []
                 meta_deleted, ps.meta_deleted = ps.meta_deleted, []
-                ps.sequence += 1
-                meta["sequence"] = str(ps.sequence)
+                ps.checkpoints += 1
+                meta["mark"] = f"{ps.epoch}:{ps.checkpoints}"
             checkpoints.append(Checkpoint(
                 partition=p, epoch=ps.epoch, layout=self.layout.fingerprint, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),

@@ -204,8 +204,11 @@ class RedisStore:
         with self.client.pipeline(transaction=True) as pipe:
             for name in ("queries", "open", "buckets", "offsets", "ab"):
                 pipe.delete(self._key(partition, name))
-            pipe.hdel(self._key(partition, "meta"), "layout")
             pipe.execute()
+        # The metadata but the epoch: layout, history, watermarks, lists, the last mark.
+        meta = self._key(partition, "meta")
+        if fields := [f for f in self.client.hkeys(meta) if f != b"epoch"]:
+            self.client.hdel(meta, *fields)
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         partitions = list(partitions)

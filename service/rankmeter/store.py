@@ -27,7 +27,7 @@ class PartitionSnapshot(NamedTuple):
     ab: dict[str, bytes] = {}    # experiment arm sums (checkpoint.Checkpoint.ab)
     history: list[str] = []      # the partition's layout fingerprints, oldest first
     descriptions: dict[str, str] = {}  # fingerprint -> windows.Layout description
-    sequence: int = 0            # of the last checkpoint stored (checkpoint.Checkpoint.meta)
+    mark: str = ""               # "epoch:number" of the last checkpoint stored (checkpoint.Checkpoint.meta)
     lists: dict[str, int] = {}   # queries assembling their list from impression events -> their time
 
 
@@ -78,9 +78,9 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def meta_state(meta: Mapping[str, str]) -> tuple[int, dict[str, int]]:
-    """A partition's last checkpoint sequence number and its lists being assembled."""
-    return (int(meta.get("sequence", 0)),
+def meta_state(meta: Mapping[str, str]) -> tuple[str, dict[str, int]]:
+    """A partition's last checkpoint's mark and its lists being assembled."""
+    return (meta.get("mark", ""),
             {k[len("list:"):]: int(v) for k, v in meta.items() if k.startswith("list:")})
 
 

@@ -48,6 +48,23 @@ def test_a_checkpoint_writes_every_section_in_chunks(store):
     assert snapshot.layout == "L" and snapshot.history == ["L"] and snapshot.epoch == epoch
 
 
+def test_lists_and_the_mark_are_metadata_set_and_deleted_with_the_checkpoint_as_in_memory(store, redis_url):
+    from rankmeter.store import MemoryStore
+
+    memory = MemoryStore()
+    for s in (store, memory):
+        epoch = s.claim(0).epoch
+        s.commit([checkpoint(epoch, meta={"list:q1": "100", "list:q2": "200", "mark": f"{epoch}:1"})])
+        # Set and deleted in one checkpoint: the delete wins (it comes after).
+        s.commit([checkpoint(epoch, meta={"list:q3": "300", "mark": f"{epoch}:2"}, meta_deleted=["list:q1", "list:q3"])])
+    assert store.load(0).lists == memory.load(0).lists == {"q2": 200}
+    assert store.load(0).mark == "1:2" and memory.load(0).mark == "1:2"
+    store.commit([checkpoint(1, watermarks={"imp": 5})])
+    store.wipe(0)   # a rebuild: every metadata field but the epoch goes
+    snapshot = store.load(0)
+    assert (snapshot.lists, snapshot.mark, snapshot.watermarks, snapshot.history, snapshot.epoch) == ({}, "", {}, [], 1)
+
+
 def test_a_stale_epoch_is_fenced_and_a_vanished_state_is_lost(store):
     old = store.claim(0).epoch
     new = store.claim(0).epoch

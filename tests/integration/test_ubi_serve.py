@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+import redis
 
 from ubi_shapes import SHAPES, event_ms, in_time_order, native, searches
 
@@ -73,6 +74,10 @@ def test_ubi_records_as_the_generator_and_the_collector_write_them_equal_native_
         got = sums_of(ubi)
         events = ubi.events()
         assert events[("feedback", "listed")] > 0
+        client = redis.Redis.from_url(redis_url)
+        metas = list(client.scan_iter(match=f"rm-{run}-ubi:*:meta"))
+        assert len(metas) == 4 and all(client.hget(m, "mark") for m in metas)
+        assert not [f for m in metas for f in client.hkeys(m) if f.startswith(b"list:")], "every list settled"
         assert ("feedback", "late") not in events and ("feedback", "orphaned") not in events
     assert len(want) > 6 * 4 * 10, "every ranker, window and measure exported"
     assert got.keys() == want.keys()
