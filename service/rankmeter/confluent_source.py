@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from rankmeter.config import ConfigError
 from rankmeter.config import Kafka as KafkaSettings
-from rankmeter.kafka_source import (COMMITTED_TIMEOUT_MS, COORDINATOR_GRACE_S, LAG_SETTLE_S, PRODUCE_BLOCK_MS,
+from rankmeter.kafka_source import (COMMITTED_TIMEOUT_MS, CoordinatorWatch, LAG_SETTLE_S, PRODUCE_BLOCK_MS,
                                     KafkaUnreachable, TopicMismatch)
 from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
 
@@ -144,7 +144,6 @@ class ConfluentSource:
                                       "message.timeout.ms": DELIVERY_TIMEOUT_MS, **producer_settings})
         except KafkaException as e:  # a setting librdkafka refuses (a name, or a value)
             raise ConfigError(f"invalid configuration: kafka.client: {_text(e)}") from None
-        self._bootstrap = settings.bootstrap_servers
         self._bootstrap_timeout_s = int(settings.client.get("bootstrap_timeout_ms", BOOTSTRAP_TIMEOUT_MS)) / 1000
         self._produce_block_s = int(settings.client.get("max_block_ms", PRODUCE_BLOCK_MS)) / 1000
         self._topics: list[str] = []
@@ -162,7 +161,7 @@ class ConfluentSource:
         # checked record by record (else every record is of a live partition, in order).
         self._changed = False
         self._coordinator_up = False
-        self._no_coordinator_since: float | None = None
+        self._watch = CoordinatorWatch(settings.bootstrap_servers)
 
     # ---- librdkafka's callbacks (all run on the thread calling consume/poll/list_topics)
 
@@ -364,17 +363,7 @@ class ConfluentSource:
         self.producer.poll(0)  # delivery reports
 
     def problem(self) -> str:
-        if self._coordinator_up:
-            self._no_coordinator_since = None
-            return ""
-        now = time.monotonic()
-        if self._no_coordinator_since is None:
-            self._no_coordinator_since = now
-        away = now - self._no_coordinator_since
-        if away < COORDINATOR_GRACE_S:
-            return ""
-        return (f"Kafka unavailable: no connection to the group coordinator for {away:.0f} s "
-                f"(bootstrap {self._bootstrap}); reconnecting")
+        return self._watch.problem(self._coordinator_up)
 
     def lag(self) -> dict[tuple[str, int], int]:
         # From the high watermark of librdkafka's last fetch and the position it has handed

@@ -36,6 +36,28 @@ log = logging.getLogger("rankmeter.kafka")
 # The coordinator is looked up again after any disconnection (a rebalance, a broker's
 # restart): only this long without one counts as the broker being away.
 COORDINATOR_GRACE_S = 5.0
+
+
+class CoordinatorWatch:
+    """Kafka is reported unavailable once the group coordinator has been out of reach for
+    COORDINATOR_GRACE_S: shorter blinks (a rebalance) are not an outage."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.away_since: float | None = None
+
+    def problem(self, coordinator_up: bool) -> str:
+        if coordinator_up:
+            self.away_since = None
+            return ""
+        now = time.monotonic()
+        if self.away_since is None:
+            self.away_since = now
+        away = now - self.away_since
+        if away < COORDINATOR_GRACE_S:
+            return ""
+        return (f"Kafka unavailable: no connection to the group coordinator for {away:.0f} s "
+                f"(bootstrap {self.bootstrap}); reconnecting")
 # How long a dead-letter send may block (producer buffer full, topic metadata unknown)
 # before the caller is told to retry; kafka-python's default, 60 s, would starve /healthz.
 PRODUCE_BLOCK_MS = 5000
@@ -112,8 +134,7 @@ class KafkaSource:
             **common, **only(KafkaConsumer.DEFAULT_CONFIG))
         self.producer = KafkaProducer(**{"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS,
                                          **common, **only(KafkaProducer.DEFAULT_CONFIG)})
-        self._bootstrap = settings.bootstrap_servers
-        self._no_coordinator_since: float | None = None
+        self._watch = CoordinatorWatch(settings.bootstrap_servers)
         self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
         self._joining_since: float | None = None   # revoked (or subscribed), no assignment since
         self._join_watchdog_s = self.consumer.config["session_timeout_ms"] / 1000 + JOIN_WATCHDOG_MARGIN_S
@@ -233,17 +254,7 @@ class KafkaSource:
             raise SourceUnavailable(f"cannot produce to {topic!r}: {e}") from None
 
     def problem(self) -> str:
-        if self._coordinator_known():
-            self._no_coordinator_since = None
-            return ""
-        now = time.monotonic()
-        if self._no_coordinator_since is None:
-            self._no_coordinator_since = now
-        away = now - self._no_coordinator_since
-        if away < COORDINATOR_GRACE_S:
-            return ""
-        return (f"Kafka unavailable: no connection to the group coordinator for {away:.0f} s "
-                f"(bootstrap {self._bootstrap}); reconnecting")
+        return self._watch.problem(self._coordinator_known())
 
     def _coordinator_known(self) -> bool:
         # kafka-python 3.0 has no public "connected" API (bootstrap_connected() only covers
