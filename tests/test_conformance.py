@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rankmeter.engine import QueryState, evaluate, macro, parse, stack
+from rankmeter.engine import QueryState, evaluate, macro, parse, stack, stack_scored
 from rankmeter.trec import rank
 
 # Our name -> pytrec_eval's measure request and result key.
@@ -118,6 +118,35 @@ def test_dcg_and_auc_equal_their_definitions(data, level):
             measure, ratio = results[name]
             got = measure.values(ratio)[row]
             assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-9), name
+
+
+@st.composite
+def scored_collections(draw):
+    """Like `collections`, plus what a run file can hold beyond them: negative and fractional
+    scores, 0.0 beside -0.0, ties among non-ASCII document ids, queries without judgments."""
+    docs = DOCS + ["é", "e", "ü1", "Z", "z"]
+    scores = st.sampled_from([0.0, -0.0, 1.0, 1.5, -2.25, 1e300, -1e-300, 3.0])
+    qrels, run = draw(collections())
+    for q in range(draw(st.integers(0, 3))):
+        shown = draw(st.lists(st.sampled_from(docs), min_size=1, max_size=15, unique=True))
+        run[f"s{q}"] = {d: draw(scores) for d in shown}
+        judged = draw(st.lists(st.sampled_from(docs), max_size=12, unique=True))
+        qrels[f"s{q}"] = {d: draw(st.sampled_from([-1, 0, 0.5, 1, 2, 3])) for d in judged}
+    return qrels, run
+
+
+@settings(max_examples=400, deadline=None)
+@given(scored_collections(), st.sampled_from([0.5, 1, 2, 3]))
+def test_stack_scored_is_stack_of_states(data, level):
+    """`rankmeter eval`'s column-wise batch is exactly (bit for bit) the batch of per-query
+    states that the live service's path and the trec_eval tests above use."""
+    qrels, run = data
+    qids = sorted(q for q in run if q in qrels)
+    want = stack([QueryState.from_grades(rank(run[q]), qrels[q], level) for q in qids])
+    got = stack_scored([run[q] for q in qids], [qrels[q] for q in qids], level)
+    for field, a, b in zip(want._fields, got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, field
+        np.testing.assert_array_equal(a, b, err_msg=field)
 
 
 ALL_MEASURES = [*ORACLE, "nDCG(dcg=exp-log2)@5", "DCG@3", "AUC", "SetF(beta=0.5)", "E", "AP@3"]

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple, TextIO
 
-from rankmeter.engine import Measure, QueryState, evaluate, macro, micro, stack
-from rankmeter.trec import InputError, rank, read_qrels, read_run
+from rankmeter.engine import Measure, evaluate, macro, micro, stack_scored
+from rankmeter.trec import InputError, read_qrels, read_run
 
 
 @contextmanager
@@ -42,8 +42,8 @@ def evaluate_files(qrels_path: str, run_path: str, measures: Sequence[Measure],
         qids = sorted(q for q in run if q in qrels)
         if not qids:
             raise InputError(run_path, None, f"no query of this run has judgments in {qrels_path}")
-        states = [QueryState.from_grades(rank(run[q]), qrels[q], relevance_level) for q in qids]
-    ratios = evaluate(measures, stack(states))
+        batch = stack_scored([run[q] for q in qids], [qrels[q] for q in qids], relevance_level)
+    ratios = evaluate(measures, batch)
     aggregate = macro if average == "macro" else micro
     return Report(
         list(measures), qids,

@@ -2,13 +2,14 @@
 
 Row q, column i describes the document at rank i+1 of query q. Columns past a query's
 list length are padding: grade 0, not judged, not relevant. The live service stacks the
-queries a poll batch touched; `rankmeter eval` stacks every query of a run.
+queries a poll batch touched (`stack`); `rankmeter eval` stacks every query of a run
+(`stack_scored`, straight from the run's scores and the qrels' grades).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import chain
+from collections.abc import Mapping, Sequence
+from itertools import chain, count, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -57,3 +58,49 @@ def stack(states: Sequence[QueryState]) -> Batch:
     level = np.fromiter((s.relevance_level for s in states), dtype=float, count=q)
     rel = judged & (grades >= level[:, None])
     return Batch(grades, judged, rel, length, ideal, num_rel, num_nonrel)
+
+
+def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping[str, float]],
+                 relevance_level: float = 1) -> Batch:
+    """The Batch that `stack` makes of `QueryState.from_grades(rank(s), g, relevance_level)`
+    for each query (s: the run's {doc: score}, g: the qrels' {doc: grade}; unjudged shown
+    documents stay unjudged, as in trec_eval), built column-wise: no per-query objects and
+    no per-query sort. This is `rankmeter eval`'s path; `stack` is the live service's.
+
+    Each row is ordered as `trec.rank` orders a run: score descending, ties by document id
+    descending (code point order, which is Python's string order)."""
+    q = len(scores)
+    length = np.fromiter(map(len, scores), np.int64, q)
+    n = int(length.sum())
+    width = int(length.max(initial=0)) or 1
+    cells = np.arange(width) < length[:, None]
+    docs = list(chain.from_iterable(scores))
+    order_of = dict(zip(sorted(set(docs)), count()))
+    # Padding sorts last: its negated score is +inf, and scores are finite.
+    neg_score = np.full((q, width), np.inf)
+    neg_score[cells] = np.fromiter(chain.from_iterable(s.values() for s in scores), float, n)
+    np.negative(neg_score, out=neg_score, where=cells)
+    neg_doc = np.zeros((q, width), np.int64)
+    neg_doc[cells] = np.fromiter(map(order_of.__getitem__, docs), np.int64, n)
+    np.negative(neg_doc, out=neg_doc)
+    by_rank = np.lexsort((neg_doc, neg_score), axis=-1)
+    # A shown document's grade, NaN when it is not judged (grades are finite).
+    shown = np.full((q, width), np.nan)
+    shown[cells] = np.fromiter(chain.from_iterable(map(g.get, s, repeat(np.nan)) for s, g in zip(scores, grades)),
+                               float, n)
+    shown = np.take_along_axis(shown, by_rank, axis=1)
+    judged = ~np.isnan(shown)
+    graded = np.where(judged, shown, 0.0)
+    # Every known grade of the query counts for R and the ideal DCG, shown or not.
+    known_length = np.fromiter(map(len, grades), np.int64, q)
+    known = np.fromiter(chain.from_iterable(g.values() for g in grades), float, int(known_length.sum()))
+    known_row = np.repeat(np.arange(q), known_length)
+    num_rel = np.bincount(known_row[known >= relevance_level], minlength=q)
+    positive = known > 0
+    ideal_length = np.bincount(known_row[positive], minlength=q)
+    ideal_width = int(ideal_length.max(initial=0)) or 1
+    ideal = np.zeros((q, ideal_width))
+    ideal_row, ideal_grade = known_row[positive], known[positive]
+    ideal[np.arange(ideal_width) < ideal_length[:, None]] = ideal_grade[np.lexsort((-ideal_grade, ideal_row))]
+    rel = judged & (graded >= relevance_level)
+    return Batch(graded, judged, rel, length, ideal, num_rel, known_length - num_rel)
