@@ -40,8 +40,9 @@ from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_v
 log = logging.getLogger("rankmeter.pipeline")
 
 OTHER = "other"             # the label of rankers and segments past the cap
-# The event time of the `impression` events applied, kept with the topics' watermarks: it
-# settles lists (slow clicks, later in event time, must not move it).
+# How far the partition's impression events have come, in their queries' record time (the
+# search engine's clock, not a browser's), kept with the topics' watermarks: it settles
+# lists (clicks, later in event time, do not move it).
 SHOWN = "impression events"
 LIST = "list:"  # partition metadata: a query assembling its list -> its time
 SWEEP_INTERVAL_MS = 1000    # how often closed and orphaned queries are looked for
@@ -159,7 +160,6 @@ class Pipeline:
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
         self._last_sweep_wall = 0.0
-        self._swept: dict[int, int] = {}  # the watermarks of the last sweep, per partition
         self._zero = bytes(8 * self.layout.size)
         self.ab_size = ab_sums.size(self.layout)
         self.baseline = settings.ab.baseline
@@ -395,7 +395,6 @@ class Pipeline:
                       if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
         if not watermarks:
             return {}, due
-        self._swept = watermarks
         found = self.store.expired(watermarks, SWEEP_LIMIT)
         expired = {}
         for p, (qids, open_count) in found.items():
@@ -735,10 +734,11 @@ class Pipeline:
         """The event time at which the query closes: its impression's time plus the
         longest attribution (judgments'); without an impression yet, counted from its
         latest feedback (an impression that never comes leaves it orphaned then). A query
-        assembling its list settles at its record's time plus `windows.list_settle`."""
+        assembling its list is settled, at the latest, when its attribution window has
+        passed (`_settle_due`)."""
         if record.impression is not None:
             return record.impression.timestamp_ms + self.attribution.explicit_ms
-        if record.header is not None:  # assembling: settled by then at the latest (`_settle_due`)
+        if record.header is not None:
             return record.header.timestamp_ms + self.attribution.implicit_ms
         explicit = any(fb.explicit for fb in record.pending)
         window = self.attribution.explicit_ms if explicit else self.attribution.implicit_ms
