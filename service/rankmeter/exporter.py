@@ -1,6 +1,7 @@
 """Prometheus exposition: a custom collector that reads the pipeline's aggregates at
-scrape time (nothing is recomputed per event), and a small HTTP server for /metrics,
-/healthz and /readyz.
+scrape time (nothing is recomputed per event), served by prometheus_client's own WSGI
+app (the text format or OpenMetrics as the scraper asks, gzip when it accepts it) beside
+/healthz and /readyz, on a threading WSGI server.
 
 Metric names and labels are the contract of brief §6; `promtool check metrics` is
 clean on the output (tests/integration/test_serve.py checks it).
@@ -13,13 +14,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily,
                                    Metric)
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from rankmeter.pipeline import Pipeline
 from rankmeter.windows import BIN_EDGES
@@ -217,42 +218,33 @@ class Exporter:
             "rankmeter_batch_records", "Records in one poll batch.",
             buckets=(1, 10, 100, 500, 1000, 2500, 5000, 10000, math.inf), registry=self.registry)
         self.health = health
-        self._server: ThreadingHTTPServer | None = None
+        self._metrics = make_wsgi_app(self.registry)
+        self._server: ThreadingWSGIServer | None = None
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """The WSGI app: /metrics is prometheus_client's (format negotiation, gzip, ?name[]=
+        filters), /healthz and /readyz are the probes."""
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return self._metrics(environ, start_response)
+        if path == "/healthz":
+            ok = self.health.alive
+            status, body = (200, b"ok\n") if ok else (503, b"stalled\n")
+        elif path == "/readyz":
+            health = self.health
+            ok = health.ready and health.alive and not health.problem
+            status, body = (200, b"ready\n") if ok else (503, f"not ready: {health.problem or 'starting'}\n".encode())
+        else:
+            status, body = 404, b"not found: try /metrics, /healthz or /readyz\n"
+        start_response({200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}[status],
+                       [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
     def start(self, address: str, port: int) -> int:
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                path = self.path.split("?")[0]
-                if path == "/metrics":
-                    self._send(200, exporter.render(), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    ok = exporter.health.alive
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
-                elif path == "/readyz":
-                    health = exporter.health
-                    ok = health.ready and health.alive and not health.problem
-                    why = f"not ready: {health.problem or 'starting'}\n".encode()
-                    self._send(200 if ok else 503, b"ready\n" if ok else why)
-                else:
-                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
-
-            def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # scrapes every few seconds would drown the structured log
-
-        self._server = ThreadingHTTPServer((address, port), Handler)
-        self._server.daemon_threads = True
+        self._server = make_server(address, port, self.app, ThreadingWSGIServer, handler_class=_QuietHandler)
         threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True).start()
         bound = self._server.server_address[1]
         log.info("serving /metrics", extra={"address": address, "port": bound})
@@ -262,3 +254,8 @@ class Exporter:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # scrapes every few seconds would drown the structured log
