@@ -5,13 +5,15 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench bench-alerts demo demo-full clean
+.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-alerts demo demo-full clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
 	@echo "make services       start the real services on 127.0.0.1 and print their RANKMETER_* settings"
 	@echo "make services-down  stop what 'make services' started"
 	@echo "make bench          run the benchmarks in bench/ against the real services"
+	@echo "make bench-scrape   /metrics scrape cost, 100 rankers, 1,000 vs 100,000 open queries (~1 min)"
+	@echo "make bench-freshness  production-to-/metrics delay per Kafka backend, Redis bytes per open query (~3 min)"
 	@echo "make bench-alerts   alert quality on a simulated week (BENCH_ARGS=\"--seed 12 --days 7\")"
 	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
 	@echo "make demo-full      the same on the real Kafka and Redis of 'make services'"
@@ -40,6 +42,15 @@ test-unit: venv
 bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py
+	@$(BIN)/python bench/bench_scrape.py
+	@scripts/run-tests.sh $(BIN)/python bench/bench_freshness.py
+
+# Each on its own (docs/benchmarks.md): the scrape needs no services, freshness needs them.
+bench-scrape: venv
+	$(BIN)/python bench/bench_scrape.py
+
+bench-freshness: venv
+	@scripts/run-tests.sh $(BIN)/python bench/bench_freshness.py
 
 # Alert quality on a simulated week per seed (about 15 minutes each): docs/benchmarks.md.
 bench-alerts: venv

@@ -1,0 +1,301 @@
+"""Freshness: the delay from an event's production to its effect on /metrics, under load,
+with each Kafka backend; and Redis bytes per open query. On the real Kafka and Redis:
+
+    RANKMETER_KAFKA_BOOTSTRAP_SERVERS=... RANKMETER_REDIS_URL=... \\
+        .venv/bin/python bench/bench_freshness.py [--seconds 25] [--backend kafka-python --backend confluent]
+
+Per backend, a `rankmeter serve` process on fresh 4-partition topics:
+
+1. **Its maximum**: a backlog of `--backlog` events (bench_serve's mix: impressions of 10
+   results, then 1–7 clicks, purchases or judgments) produced before it starts, consumed
+   at full speed ("catching up": events/s from the first counted to the last). Then live:
+   1.2 × that offered for 10 s by the background producer below, which shares the machine;
+   what serve consumes meanwhile is its live maximum. Then it catches up (lag 0).
+2. **Freshness** at 5,000 events/s and at 80% of the live maximum, `--seconds` each: a
+   background producer (confluent-kafka, paced every 10 ms) sends the same mix, and every
+   0.5 s a probe impression (ranker `probe`, a new query) is produced and acknowledged;
+   /metrics is then scraped (every 20 ms, or a tenth of the wait so far when that is
+   longer, at most 0.25 s) until `rankmeter_queries{ranker="probe",window="5m",
+   population="all"}` counts it. Delay = first scrape showing it − the moment before the
+   probe was produced (one clock: this process's). p50 and p99 of the probes (with 50
+   probes the p99 is the largest); the resolution is the poll interval.
+3. **Redis bytes per open query** at the end of the 5,000/s phase: `MEMORY USAGE` (exact:
+   SAMPLES 0) of every key under this run's prefix, over `rankmeter_open_queries`; and the
+   growth of Redis's `used_memory` since before the run over the same count (the Redis is
+   shared, so that one includes whatever else ran beside it).
+4. **Costs per event** in each probing phase, for docs/capacity.md: the serve process's CPU
+   time (/proc), and Redis's CPU time, commands and bytes received (`INFO`; the Redis is
+   shared, so these are upper bounds), each over the events consumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+from serving import Serve, unique_topics  # noqa: E402
+
+PROBE_EVERY_S = 0.5
+POLL_S = 0.02
+QUERIES = re.compile(rb'^rankmeter_queries\{([^}]*)\} (\S+)$', re.M)
+PROBE_LABELS = {b'ranker="probe"', b'window="5m"', b'population="all"'}
+
+
+class Mix:
+    """bench_serve's event mix, rendered from byte templates (cheap enough to pace 40,000/s
+    from one Python thread): query ids unique per `tag`."""
+
+    def __init__(self, tag: str, seed: int = 1) -> None:
+        self.tag, self.rnd, self.q = tag, random.Random(seed), 0
+        self.now = int(time.time() * 1000)
+
+    def query(self) -> list[tuple[str, bytes, bytes]]:
+        rnd, qid = self.rnd, f"{self.tag}-{self.q}"
+        self.q += 1
+        results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
+        out = [("impressions", qid.encode(), (
+            '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d,"results":["%s"]}'
+            % (qid, self.q % 2, self.now, '","'.join(results))).encode())]
+        for i in range(rnd.randint(1, 7)):
+            doc = rnd.choice(results)
+            if i == 0 and rnd.random() < 0.2:
+                event = '"action":"judgment","grade":%d' % rnd.randint(0, 3)
+            else:
+                event = '"action":"%s","dwell_ms":%d' % (
+                    rnd.choice(("click", "click", "click", "add_to_cart", "purchase")), rnd.randrange(60_000))
+            out.append(("feedback", qid.encode(), (
+                '{"query_id":"%s","doc_id":"%s","timestamp":%d,"event_id":"%s-%d",%s}'
+                % (qid, doc, self.now, qid, i, event)).encode()))
+        return out
+
+
+def producer(bootstrap: str):
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
+                     "queue.buffering.max.messages": 1_000_000})
+
+
+def produce_backlog(bootstrap: str, topics, events: int) -> int:
+    p, mix, sent = producer(bootstrap), Mix("backlog"), 0
+    while sent < events:
+        for kind, key, value in mix.query():
+            p.produce(getattr(topics, kind), value, key)
+            sent += 1
+        p.poll(0)
+    p.flush(60)
+    return sent
+
+
+class Load(threading.Thread):
+    """`rate` events/s of the mix, sent in slices every 10 ms."""
+
+    def __init__(self, bootstrap: str, topics, rate: float, tag: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics, self.rate, self.tag = bootstrap, topics, rate, tag
+        self.stop = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        p, mix, pending = producer(self.bootstrap), Mix(self.tag), []
+        started = time.perf_counter()
+        while not self.stop.is_set():
+            due = int(self.rate * (time.perf_counter() - started)) - self.sent
+            while due > 0:
+                if not pending:
+                    pending = mix.query()
+                kind, key, value = pending.pop()
+                p.produce(getattr(self.topics, kind), value, key)
+                self.sent += 1
+                due -= 1
+            p.poll(0)
+            time.sleep(0.01)
+        p.flush(30)
+
+
+def probe_count(port: int, scrapes: list[float] | None = None) -> float:
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read()
+    if scrapes is not None:
+        scrapes.append(time.perf_counter() - started)
+    return sum(float(value) for labels, value in QUERIES.findall(text) if PROBE_LABELS <= set(labels.split(b",")))
+
+
+def events_total(serve: Serve) -> float:
+    return sum(serve.events().values())
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_counters(client: redis.Redis) -> tuple[float, int, int]:
+    """Redis's CPU seconds, commands processed and bytes received so far."""
+    info = client.info()
+    return (info["used_cpu_user"] + info["used_cpu_sys"], info["total_commands_processed"],
+            info["total_net_input_bytes"])
+
+
+def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float, seconds: float, tag: str,
+              probes_sent: list[int], probing: bool = True) -> dict[str, float]:
+    """`rate` events/s for `seconds` (after 2 s to settle), with a probe every 0.5 s unless
+    not `probing`; what was consumed and what it cost."""
+    from confluent_kafka import Producer
+
+    probe = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    load = Load(bootstrap, topics, rate, tag)
+    load.start()
+    time.sleep(2)  # into the steady state
+    client = redis.Redis.from_url(redis_url)
+    consumed_before, cpu_before, redis_before = events_total(serve), cpu_seconds(serve.process.pid), redis_counters(client)
+    delays, scrapes, started = [], [], time.perf_counter()
+    while not probing and time.perf_counter() - started < seconds:
+        time.sleep(0.1)
+    while probing and time.perf_counter() - started < seconds:
+        tick = time.perf_counter()
+        qid = f"probe-{uuid.uuid4().hex[:8]}"
+        sent_at = time.perf_counter()
+        probe.produce(topics.impressions, ('{"query_id":"%s","ranker":"probe","timestamp":%d,"results":["a","b"]}'
+                                           % (qid, int(time.time() * 1000))).encode(), qid.encode())
+        probe.flush(10)
+        probes_sent[0] += 1
+        while probe_count(serve.port, scrapes) < probes_sent[0] and time.perf_counter() - sent_at < 30:
+            # Every 20 ms at first, then every tenth of the wait so far (at most 0.25 s): a
+            # scrape costs serve a few ms of its one core, and polling a process that is
+            # behind every 20 ms would keep it behind.
+            time.sleep(min(max(POLL_S, 0.1 * (time.perf_counter() - sent_at)), 0.25))
+        delays.append(time.perf_counter() - sent_at)  # 30 s: not visible by then (serve is behind)
+        time.sleep(max(0.0, PROBE_EVERY_S - (time.perf_counter() - tick)))
+    consumed = events_total(serve) - consumed_before
+    serve_cpu = cpu_seconds(serve.process.pid) - cpu_before
+    redis_cpu, commands, received = (b - a for a, b in zip(redis_before, redis_counters(client)))
+    elapsed = time.perf_counter() - started
+    load.stop.set()
+    load.join()
+    delays = sorted(delays) or [float("nan")]
+    return {"rate": rate, "sent": load.sent, "consumed": consumed, "probes": len(delays) if probing else 0,
+            "consumed_per_s": consumed / elapsed, "serve_cpu_us": serve_cpu / consumed * 1e6,
+            "redis_cpu_us": redis_cpu / consumed * 1e6, "redis_commands": commands / consumed,
+            "redis_bytes_in": received / consumed,
+            "p50": statistics.median(delays), "p99": delays[min(len(delays) - 1, int(0.99 * len(delays)))],
+            "max": delays[-1], "scrape": statistics.median(scrapes) if scrapes else float("nan"),
+            "scrapes_per_probe": len(scrapes) / max(len(delays), 1)}
+
+
+def wait_caught_up(serve: Serve) -> None:
+    """Until the consumer lag is 0 on every partition (after an overload)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        lag = [v for (n, _), v in serve.metrics().items() if n == "rankmeter_consumer_lag"]
+        if lag and not any(lag):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("serve did not catch up within 120 s")
+
+
+def redis_bytes(redis_url: str, prefix: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    return sum(client.memory_usage(key, samples=0) or 0 for key in client.scan_iter(f"{prefix}:*", count=1000))
+
+
+def used_memory(redis_url: str) -> int:
+    return int(redis.Redis.from_url(redis_url).info("memory")["used_memory"])
+
+
+def run_backend(bootstrap: str, redis_url: str, backend: str, args, logs: Path) -> dict:
+    topics = unique_topics(bootstrap, partitions=4)
+    print(f"[{backend}] producing a backlog of {args.backlog} events ...", file=sys.stderr)
+    backlog = produce_backlog(bootstrap, topics, args.backlog)
+    memory_before = used_memory(redis_url)
+    prefix = f"fresh-{uuid.uuid4().hex[:6]}"
+    serve = Serve(bootstrap, redis_url, topics, f"fresh-{uuid.uuid4().hex[:6]}", prefix,
+                  {"RANKMETER_KAFKA_BACKEND": backend}, log_path=logs / f"serve-{backend}.log")
+    out: dict = {"backend": backend}
+    try:
+        serve.start(create_topics=None)
+        first = None
+        while True:
+            done = events_total(serve)
+            if done and first is None:
+                first, first_done = time.perf_counter(), done
+            if done >= backlog:
+                break
+            time.sleep(0.05)
+        out["max"] = (backlog - first_done) / (time.perf_counter() - first)
+        print(f"[{backend}] catching up: {out['max']:,.0f} events/s", file=sys.stderr)
+        probes = [int(probe_count(serve.port))]
+        # Live, the producer shares the machine: the rate serve sustains then, offered more than it takes.
+        over = freshness(bootstrap, redis_url, topics, serve, 1.2 * out["max"], 10, f"over-{backend}", probes,
+                         probing=False)
+        out["live_max"] = over["consumed_per_s"]
+        print(f"[{backend}] live, offered {over['rate']:,.0f}/s: takes {out['live_max']:,.0f} events/s", file=sys.stderr)
+        wait_caught_up(serve)
+        for name, rate in (("5000", 5000.0), ("80pct", 0.8 * out["live_max"])):
+            out[name] = freshness(bootstrap, redis_url, topics, serve, rate, args.seconds, f"{name}-{backend}", probes)
+            r = out[name]
+            print(f"[{backend}] {rate:,.0f}/s: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms "
+                  f"({r['probes']} probes, {r['scrapes_per_probe']:.1f} scrapes each of {r['scrape'] * 1000:.1f} ms; "
+                  f"consumed {r['consumed']:,.0f} of {r['sent']:,} sent)", file=sys.stderr)
+            if name == "5000":
+                time.sleep(1.5)  # a sweep refreshes the open-query count
+                open_queries = next(v for (n, _), v in serve.metrics().items() if n == "rankmeter_open_queries")
+                out["open_queries"] = open_queries
+                out["bytes_per_open_query"] = redis_bytes(redis_url, prefix) / open_queries
+                out["used_memory_per_open_query"] = (used_memory(redis_url) - memory_before) / open_queries
+    finally:
+        serve.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=25.0, help="probing time per load level")
+    ap.add_argument("--backlog", type=int, default=200_000)
+    ap.add_argument("--backend", action="append", choices=("kafka-python", "confluent"))
+    args = ap.parse_args()
+    if importlib.util.find_spec("confluent_kafka") is None:
+        print("confluent-kafka is needed (pip install -e '.[confluent]'): it produces the load", file=sys.stderr)
+        return 2
+    bootstrap = os.environ["RANKMETER_KAFKA_BOOTSTRAP_SERVERS"]
+    redis_url = os.environ["RANKMETER_REDIS_URL"]
+    logs = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
+    print(f"logs in {logs}", file=sys.stderr)
+    results = [run_backend(bootstrap, redis_url, b, args, logs) for b in args.backend or ("kafka-python", "confluent")]
+    print(f"seconds_per_level={args.seconds:g} probe_every_s={PROBE_EVERY_S} poll_s={POLL_S} backlog={args.backlog}")
+    print("| backend | catching up (events/s) | live maximum | load (events/s) | consumed (events/s) | probes | p50 "
+          "| p99 | max | serve CPU / event | Redis CPU / event | Redis commands / event | bytes to Redis / event |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for name in ("5000", "80pct"):
+            f = r[name]
+            print(f"| {r['backend']} | {r['max']:,.0f} | {r['live_max']:,.0f} | {f['rate']:,.0f} | {f['consumed_per_s']:,.0f} | "
+                  f"{f['probes']} | {f['p50'] * 1000:.0f} ms | {f['p99'] * 1000:.0f} ms | {f['max'] * 1000:.0f} ms | "
+                  f"{f['serve_cpu_us']:.1f} µs | {f['redis_cpu_us']:.2f} µs | {f['redis_commands']:.4f} | "
+                  f"{f['redis_bytes_in']:.0f} |")
+    for r in results:
+        key = r["backend"].replace("-", "_")
+        print(f"freshness_p99_ms_at_80pct_{key}={r['80pct']['p99'] * 1000:.0f}")
+        print(f"redis_bytes_per_open_query_{key}={r['bytes_per_open_query']:.0f} "
+              f"(used_memory growth: {r['used_memory_per_open_query']:.0f}; open queries {r['open_queries']:,.0f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
