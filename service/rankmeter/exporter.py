@@ -225,8 +225,10 @@ class Exporter:
         return generate_latest(self.registry)
 
     def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        """The WSGI app: /metrics is prometheus_client's (format negotiation, gzip, ?name[]=
-        filters), /healthz and /readyz are the probes."""
+        """The WSGI app: /metrics is prometheus_client's (text or OpenMetrics as the scraper
+        asks, gzip when it accepts it), /healthz and /readyz are the probes. Its `?name[]=`
+        filter does not reach PipelineCollector's families: the collector has no
+        `describe()`, so the registry does not know their names."""
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
             return self._metrics(environ, start_response)
