@@ -459,3 +459,10 @@ def test_embedded_takes_a_file_spanning_more_than_max_past(tmp_path):
     assert "invalid" not in out.stdout
     row = next(line.split() for line in out.stdout.splitlines() if line.startswith("bm25 "))
     assert int(row[1]) == 12
+
+
+def test_plain_ndjson_recognises_a_ubi_query_record_as_the_decoder_does():
+    # No hit ids and no user_query: what makes it a UBI query is the decoder's rule too.
+    record = {"application": "shop", "query_id": "q1", "timestamp": T0, "query_attributes": {"ranker": "a"}}
+    assert replay.recognise(record) == replay.IMPRESSIONS
+    assert replay.recognise({"query_id": "q1", "timestamp": T0}) is None

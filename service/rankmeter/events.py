@@ -134,7 +134,7 @@ class _UbiEvent(msgspec.Struct):
 
 _UBI_HIT_KEYS = ("query_response_hit_ids", "query_response_object_ids", "query_response_objects_ids")
 # What tells a UBI query record from a native impression missing its `results`.
-_UBI_QUERY_KEYS = {*_UBI_HIT_KEYS, "application", "query_attributes", "query_response_id"}
+UBI_QUERY_KEYS = frozenset({*_UBI_HIT_KEYS, "application", "query_attributes", "query_response_id"})
 
 
 class Decoder:
@@ -170,7 +170,7 @@ class Decoder:
             native = self._native_impression.decode(value)
         except msgspec.ValidationError as e:  # (a DecodeError too: this clause comes first)
             raw = self._decode_any(value)
-            if isinstance(raw, dict) and "results" not in raw and _UBI_QUERY_KEYS & raw.keys():
+            if isinstance(raw, dict) and "results" not in raw and UBI_QUERY_KEYS & raw.keys():
                 return self._ubi_query(raw, now_ms)
             return Rejected("invalid", _why(e, "impression"))
         except msgspec.DecodeError as e:

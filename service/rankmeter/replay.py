@@ -25,7 +25,7 @@ import msgspec
 
 from rankmeter.clock import EventClock
 from rankmeter.config import Settings, duration_ms
-from rankmeter.events import event_time_ms
+from rankmeter.events import UBI_QUERY_KEYS, event_time_ms
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -36,7 +36,6 @@ IMPRESSIONS, FEEDBACK = "impressions", "feedback"
 FORMATS = ("bulk", "ndjson", "csv")
 MAX_LISTED = 20           # skipped records listed one by one in the summary; the rest counted
 BULK_ACTIONS = ("index", "create", "update", "delete")
-_UBI_HIT_KEYS = ("query_response_hit_ids", "query_response_object_ids", "query_response_objects_ids")
 
 # The UBI data generator's CSV columns (`to_csv(index=False)` of its data frames).
 QUERY_COLUMNS = ("application", "query_id", "client_id", "user_query", "timestamp")
@@ -82,7 +81,7 @@ def recognise(record: dict[str, Any]) -> str | None:
     """The stream of a record in plain ndjson, from its fields."""
     if "action_name" in record or "action" in record:
         return FEEDBACK
-    if any(k in record for k in ("results", "user_query", *_UBI_HIT_KEYS)):
+    if "results" in record or "user_query" in record or UBI_QUERY_KEYS & record.keys():
         return IMPRESSIONS
     return None
 
