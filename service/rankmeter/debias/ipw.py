@@ -13,13 +13,46 @@ and AP, which weights ≥ 1 never do.
 Which measures move: a weight ≥ 1 keeps every click relevant, so binary measures (P@k, AP,
 RR, R@k) are unchanged; the graded ones (nDCG, DCG) move. The grades feed
 `QueryState.from_grades` unchanged: nothing of the engine is duplicated.
+
+IPW nDCG: the engine's nDCG divides by the ideal DCG of the same list's (weighted) grades,
+so one click's weight cancels and the result is not debiased (docs/benchmarks.md,
+"Position-bias correction"). The debiased nDCG@k is `dcg(shown, grades(...))` over the
+query text's pooled ideal, `Harvester.ideal_dcg`: both estimate DCG of E[grade | examined].
+`dcg` is the engine's DCG@k (gain = grade when > 0, discount log2(rank + 1), summed in rank
+order: bit for bit `parse("DCG@k")` on `QueryState.from_grades(shown, grades, shown_grade=0)`),
+for one list without building a batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from rankmeter.engine.query import first_occurrences
 
 DEFAULT_MAX_WEIGHT = 10.0
+# The engine's discount log2(rank + 1), by np.log2 as there (same bits), ranks 1..100.
+_LOG2 = np.log2(np.arange(1, 101, dtype=float) + 1.0).tolist()
+
+
+def dcg_of(gains: Iterable[float], depth: int = 10) -> float:
+    """DCG@`depth` of grades in rank order, as the engine's DCG: positive grades only
+    (trec_eval), each over log2(rank + 1), added top-down."""
+    total = 0.0
+    for rank, g in enumerate(gains):
+        if rank >= depth:
+            break
+        if g > 0:
+            total += g / (_LOG2[rank] if rank < len(_LOG2) else float(np.log2(rank + 2.0)))
+    return total
+
+
+def dcg(shown: Sequence[str], grades: Mapping[str, float], depth: int = 10) -> float:
+    """DCG@`depth` of one shown list (a repeated id keeps its first rank) with `grades`
+    (missing: 0). Equal to the engine's `DCG@depth` of `QueryState.from_grades(shown, grades,
+    shown_grade=0)`."""
+    return dcg_of((grades.get(doc, 0.0) for doc in first_occurrences(shown)), depth)
 
 
 def weights(propensities: Sequence[float | None], length: int,

@@ -45,6 +45,17 @@ must keep it (or a 64-bit hash of it) so that `Harvester.observe(text, shown, cl
 can be called when the query closes (its attribution window over, its clicks final), once
 per query. A query without a text is not harvested.
 
+The pooled ideal (for a debiased nDCG). With the implicit grades of a closed query
+(`observe(..., grades=)`), each entry also sums, per rank k, the document's grades G_k and
+the impressions N_k that carried grades. Then r̂(q, d) = Σ_k w_k G_k / Σ_k N_k, with w_k the
+clipped IPW weight of rank k (`ipw.weights`), estimates E[grade | examined] under the
+position-based model (E[G_k] = N_k p_k E[grade | examined]; Joachims et al., WSDM 2017),
+whatever ranks the document was shown at. `ideal_dcg(q, w)` is the DCG of the query text's
+r̂ sorted descending (documents with at least `min_support` graded impressions): the same
+for every ranker, unlike the engine's per-list ideal, in which one click's IPW weight
+cancels. An impression's DCG of its IPW grades (`ipw.dcg`) over it is the debiased nDCG.
+A per-query index (query → its documents) makes it O(documents of the query).
+
 Assumption (the paper's): the rank a document gets does not depend on the user who will
 click — true across rankers of an A/B split and for score noise; not for personalised
 rankings, where the rank and the user's interest are confounded.
@@ -53,14 +64,19 @@ rankings, where the rank and the user's interest are confounded.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from rankmeter.debias.ipw import dcg_of
+
 DEFAULT_RANKS = 10         # K: propensities for ranks 1..K
 DEFAULT_CAPACITY = 50_000  # (query, document) entries per partition: ≈ 50,000 × 2K floats
 DEFAULT_MIN_PAIRS = 100    # harvested (q, d) pairs a rank needs for an estimate
+DEFAULT_MIN_SUPPORT = 10   # graded impressions a document needs to enter a pooled ideal
+# Rows of an entry, each per rank: impressions, clicks, Σ implicit grade, graded impressions.
+SHOWN, CLICKED, GRADE, GRADED = range(4)
 
 
 class PairSums(NamedTuple):
@@ -113,51 +129,99 @@ def contribution(shown: np.ndarray, clicked: np.ndarray) -> PairSums:
 
 
 class Harvester:
-    """One partition's harvest: a bounded (query, document) table and the PairSums its
-    entries contribute (module docstring: eviction, partitions)."""
+    """One partition's harvest: a bounded (query, document) table, the PairSums its entries
+    contribute, and the pooled grades behind `ideal_dcg` (module docstring: eviction,
+    partitions, the pooled ideal)."""
 
-    def __init__(self, ranks: int = DEFAULT_RANKS, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, ranks: int = DEFAULT_RANKS, capacity: int = DEFAULT_CAPACITY,
+                 min_support: float = DEFAULT_MIN_SUPPORT) -> None:
         if capacity < 1:
             raise ValueError(f"capacity {capacity}: at least 1")
-        self.ranks, self.capacity = ranks, capacity
+        self.ranks, self.capacity, self.min_support = ranks, capacity, min_support
         self.sums = PairSums.zeros(ranks)
-        # (query, doc) -> [2, K]: impressions (row 0) and clicks (row 1) per rank. Ordered
+        # (query, doc) -> [4, K]: the rows SHOWN, CLICKED, GRADE, GRADED per rank. Ordered
         # by last impression, least recent first: the eviction order.
         self.entries: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        # query -> its documents in the table (a dict as an ordered set), kept with `entries`.
+        self.by_query: dict[str, dict[str, None]] = {}
         self.evicted = 0
 
-    def observe(self, query: str, shown: Sequence[str], clicked: Collection[str]) -> None:
+    def observe(self, query: str, shown: Sequence[str], clicked: Collection[str],
+                grades: Mapping[str, float] | None = None) -> None:
         """One closed query: the documents `shown` in rank order (ranks past K are not
-        harvested) and the set of those `clicked` (clicks only, not purchases or
-        judgments: the estimator models the click)."""
+        harvested), the set of those `clicked` (clicks only, not purchases or judgments:
+        the estimator models the click), and, for the pooled ideal, the shown documents'
+        implicit grades (brief §3's grade map; a document missing has grade 0). Explicit
+        judgments stay out: they carry no position bias to pool. Without `grades` nothing
+        is pooled for this query."""
         clicks, pairs = self.sums
+        docs = self.by_query.setdefault(query, {})
         # A repeated id keeps its first rank, as the metric engine's QueryState does.
         for rank, doc in enumerate(list(dict.fromkeys(shown))[:self.ranks]):
             key = (query, doc)
             entry = self.entries.get(key)
             if entry is None:
-                entry = self.entries[key] = np.zeros((2, self.ranks))
+                entry = self.entries[key] = np.zeros((4, self.ranks))
+                docs[doc] = None
             else:
                 self.entries.move_to_end(key)
+            if grades is not None:
+                entry[GRADE, rank] += grades.get(doc, 0.0)
+                entry[GRADED, rank] += 1
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
-            others = np.flatnonzero(entry[0])
+            others = np.flatnonzero(entry[SHOWN])
             others = others[others != rank]
-            new_rank = entry[0, rank] == 0
-            old_ctr = 0.0 if new_rank else entry[1, rank] / entry[0, rank]
-            entry[0, rank] += 1
-            entry[1, rank] += doc in clicked
+            new_rank = entry[SHOWN, rank] == 0
+            old_ctr = 0.0 if new_rank else entry[CLICKED, rank] / entry[SHOWN, rank]
+            entry[SHOWN, rank] += 1
+            entry[CLICKED, rank] += doc in clicked
             if not len(others):
                 continue  # shown at one rank only: no pair yet
-            clicks[rank, others] += entry[1, rank] / entry[0, rank] - old_ctr
+            clicks[rank, others] += entry[CLICKED, rank] / entry[SHOWN, rank] - old_ctr
             if new_rank:  # new pairs (rank, k') for every other rank k' it was shown at
                 pairs[rank, others] += 1
                 pairs[others, rank] += 1
-                clicks[others, rank] += entry[1, others] / entry[0, others]
+                clicks[others, rank] += entry[CLICKED, others] / entry[SHOWN, others]
+        if not docs:  # nothing shown
+            del self.by_query[query]
         while len(self.entries) > self.capacity:
-            # Least recently shown out; its contribution stays in the sums, final.
-            self.entries.popitem(last=False)
+            # Least recently shown out; its contribution stays in the sums, final. Its
+            # pooled grades go with it (the ideal is over the documents still held).
+            (q, d), _ = self.entries.popitem(last=False)
+            held = self.by_query[q]
+            del held[d]
+            if not held:
+                del self.by_query[q]
             self.evicted += 1
+
+    def relevance(self, query: str, weights: Sequence[float]) -> dict[str, float]:
+        """r̂(q, d) = Σ_k w_k G_k / Σ_k N_k of each of the query's documents with at least
+        `min_support` graded impressions (module docstring). `weights[k]` is the IPW weight
+        of rank k+1 (`ipw.weights`); ranks past its end take its last weight."""
+        docs = self.by_query.get(query)
+        if not docs:
+            return {}
+        w = np.ones(self.ranks)
+        given = list(weights)[:self.ranks]
+        if given:
+            w[:len(given)] = given
+            w[len(given):] = given[-1]
+        names = list(docs)
+        table = np.stack([self.entries[(query, d)] for d in names])  # [docs, 4, K]
+        graded = table[:, GRADED].sum(axis=1)
+        supported = (graded >= self.min_support) & (graded > 0)
+        values = table[:, GRADE] @ w
+        return {d: float(values[i] / graded[i]) for i, d in enumerate(names) if supported[i]}
+
+    def ideal_dcg(self, query: str, weights: Sequence[float], depth: int = 10) -> float | None:
+        """The query text's pooled ideal DCG@`depth`: its documents' r̂ (`relevance`)
+        sorted descending, by the engine's DCG (`ipw.dcg_of`). None when no document has
+        `min_support` graded impressions, or when none has a positive r̂ (no relevance
+        seen: the query is not judged, as the engine's `empty_query_policy: skip`)."""
+        values = sorted(self.relevance(query, weights).values(), reverse=True)
+        ideal = dcg_of(values, depth)
+        return ideal if ideal > 0 else None
 
 
 class Propensities(NamedTuple):
