@@ -1,5 +1,6 @@
-"""Position-bias estimation (rankmeter.debias.propensity), IPW grades (rankmeter.debias.ipw)
-and the simulator's examination curves (rankmeter.simulator.clicks)."""
+"""Position-bias estimation (rankmeter.debias.propensity), IPW grades (rankmeter.debias.ipw),
+the pooled per-query-text ideal of the debiased nDCG (Harvester.ideal_dcg) and the
+simulator's examination curves (rankmeter.simulator.clicks)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rankmeter.debias import Harvester, PairSums, estimate, grades, merge, weights
+from rankmeter.debias import Harvester, PairSums, dcg, estimate, grades, merge, weights
 from rankmeter.engine import QueryState, evaluate, parse, stack
 from rankmeter.simulator.clicks import (
     CONTINUE,
@@ -243,3 +246,193 @@ def test_derived_examination_matches_the_click_frequencies(model, fn):
     expected = e * attractive  # P(click at r) = P(examine r) · a_r
     se = np.sqrt(expected * (1 - expected) / n)
     assert np.all(np.abs(counts / n - expected) < 4 * se), (counts / n, expected)
+
+
+# ---- the pooled ideal (debiased nDCG) ------------------------------------------------
+
+QUERIES = ["q0", "q1", "q2"]
+DOCS = [f"d{i}" for i in range(8)]
+GRADE_VALUES = st.sampled_from([0.0, 1.0, 2.0, 3.0])
+
+# One closed query: text, shown list (repeats allowed: a repeated id keeps its first rank),
+# implicit grades of some of the shown documents, or None (an old call site: not pooled).
+closed_query = st.tuples(
+    st.sampled_from(QUERIES),
+    st.lists(st.sampled_from(DOCS), min_size=0, max_size=7),
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(DOCS), GRADE_VALUES, max_size=4)),
+)
+
+
+def plain_ideal(log, w: list[float], ranks: int, min_support: float, depth: int) -> dict[str, float | None]:
+    """The pooled ideal written out with loops: per (query, doc) Σ w_rank · grade and the
+    graded impressions, r̂ their ratio, the supported documents' r̂ sorted descending,
+    Σ r̂_i / log2(i + 1) over the top `depth`; None without a positive one."""
+    weighted: dict[tuple[str, str], float] = defaultdict(float)
+    graded: dict[tuple[str, str], int] = defaultdict(int)
+    for q, shown, implicit in log:
+        if implicit is None:
+            continue
+        seen: list[str] = []
+        for d in shown:
+            if d not in seen:
+                seen.append(d)
+        for rank, d in enumerate(seen[:ranks]):
+            weighted[q, d] += w[rank] * implicit.get(d, 0.0)
+            graded[q, d] += 1
+    out: dict[str, float | None] = {}
+    for q in QUERIES:
+        values = sorted((weighted[key] / graded[key] for key in graded
+                         if key[0] == q and graded[key] >= min_support), reverse=True)
+        ideal = sum(v / math.log2(i + 2) for i, v in enumerate(values[:depth]) if v > 0)
+        out[q] = ideal if ideal > 0 else None
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=st.lists(closed_query, max_size=30), min_support=st.sampled_from([0, 1, 2, 3]),
+       depth=st.integers(1, 6),
+       w=st.lists(st.floats(1.0, 10.0), min_size=5, max_size=5))
+def test_pooled_ideal_equals_a_plain_implementation(log, min_support, depth, w):
+    h = Harvester(ranks=5, min_support=min_support)
+    for q, shown, implicit in log:
+        h.observe(q, shown, set(), implicit)
+    want = plain_ideal(log, w, 5, min_support, depth)
+    for q in QUERIES:
+        got = h.ideal_dcg(q, w, depth)
+        if want[q] is None:
+            assert got is None
+        else:
+            assert got == pytest.approx(want[q], rel=1e-12)
+
+
+def check_index(h: Harvester) -> None:
+    """The per-query index holds exactly the table's (query, document) keys."""
+    assert {(q, d) for q, docs in h.by_query.items() for d in docs} == set(h.entries)
+    assert all(h.by_query.values())  # no query kept without a document
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=st.lists(closed_query, max_size=40), capacity=st.integers(1, 12))
+def test_eviction_keeps_the_per_query_index_consistent(log, capacity):
+    h = Harvester(ranks=5, capacity=capacity, min_support=1)
+    w = [1.0, 2.0, 3.0, 4.0, 5.0]
+    for i, (q, shown, implicit) in enumerate(log):
+        h.observe(q, shown, set(), implicit)
+        check_index(h)
+        assert len(h.entries) <= capacity
+    # What is held is what an unbounded table would hold for these keys, counted since each
+    # key last entered: replay the log into a table of the survivors only.
+    survivors = set(h.entries)
+    replay = Harvester(ranks=5, min_support=1)
+    entered: dict[tuple[str, str], int] = {}
+    shadow: list[tuple[str, str]] = []  # an LRU list, least recent first
+    for i, (q, shown, _) in enumerate(log):
+        for d in list(dict.fromkeys(shown))[:5]:
+            if (q, d) in shadow:
+                shadow.remove((q, d))
+            else:
+                entered[q, d] = i
+            shadow.append((q, d))
+        while len(shadow) > capacity:
+            entered.pop(shadow.pop(0))
+    assert set(shadow) == survivors
+    for i, (q, shown, implicit) in enumerate(log):
+        kept = [d for d in shown if (q, d) in survivors and entered[q, d] <= i]
+        if implicit is not None or kept:
+            # Only the survivors, from when they last entered: same ranks as in the log.
+            mask = [d if (q, d) in survivors and entered[q, d] <= i else f"gone{j}" for j, d in enumerate(shown)]
+            replay.observe(q, mask, set(), implicit)
+    for q in QUERIES:
+        got, want = h.ideal_dcg(q, w), replay.ideal_dcg(q, w)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_eviction_by_hand():
+    h = Harvester(ranks=3, capacity=3, min_support=1)
+    h.observe("a", ["x", "y"], set(), {"x": 1.0})
+    h.observe("b", ["z"], set(), {"z": 2.0})
+    assert h.by_query == {"a": {"x": None, "y": None}, "b": {"z": None}}
+    h.observe("b", ["u"], set(), {"u": 3.0})  # 4 entries: ("a", "x") goes
+    assert h.by_query == {"a": {"y": None}, "b": {"z": None, "u": None}}
+    assert h.ideal_dcg("a", [1.0, 1.0, 1.0]) is None  # y: shown, never graded above 0
+    h.observe("b", ["v", "w"], set(), {})  # a's last document and b's z go
+    assert "a" not in h.by_query and h.ideal_dcg("a", [1.0] * 3) is None
+    assert h.ideal_dcg("b", [1.0] * 3) == pytest.approx(3.0)  # u: 3 at rank 1
+    check_index(h)
+
+
+def test_pooled_relevance_by_hand():
+    h = Harvester(ranks=3, min_support=2)
+    w = [1.0, 2.0, 4.0]
+    h.observe("q", ["a", "b", "c"], {"a"}, {"a": 1.0})
+    h.observe("q", ["b", "a", "c"], {"a"}, {"a": 2.0})
+    h.observe("q", ["c", "b"], set())  # grades=None: impressions for the pairs, nothing pooled
+    # a: (1·1 + 2·2) / 2 = 2.5; b: 0; c: shown three times, graded twice, never clicked: 0.
+    assert h.relevance("q", w) == {"a": 2.5, "b": 0.0, "c": 0.0}
+    assert h.ideal_dcg("q", w) == 2.5
+    h.min_support = 3  # no document has three graded impressions
+    assert h.relevance("q", w) == {} and h.ideal_dcg("q", w) is None
+    h.min_support = 1
+    h.observe("r", ["a"], set(), {})
+    assert h.ideal_dcg("r", w) is None  # shown, never relevant: not judged
+    # Ranks past the given weights take the last one.
+    assert h.relevance("q", [1.0, 2.0]) == {"a": 2.5, "b": 0.0, "c": 0.0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(shown=st.lists(st.sampled_from(DOCS), max_size=12),
+       grades_=st.dictionaries(st.sampled_from(DOCS + ["unshown"]), st.floats(-1.0, 30.0), max_size=8),
+       depth=st.integers(1, 12))
+def test_dcg_is_the_engines_dcg_bit_for_bit(shown, grades_, depth):
+    measure = parse(f"DCG@{depth}")
+    state = QueryState.from_grades(shown, grades_, shown_grade=0)
+    if not state.ranking:
+        assert dcg(shown, grades_, depth) == 0.0
+        return
+    want = measure.values(evaluate([measure], stack([state]))[measure])[0]
+    assert dcg(shown, grades_, depth) == want
+
+
+def test_pooled_ndcg_orders_two_rankers_where_raw_ndcg_hardly_does():
+    """Seeded position-based traffic, two rankers of the same 40 query texts (a good one by
+    relevance, a noisy one), grade 1 per click: the raw click nDCG@10 (each list's own
+    ideal) compresses the gap; the pooled IPW nDCG@10 keeps it."""
+    rng = np.random.default_rng(4)
+    curve = EXAMINATION["power-1.5"]
+    true_w = weights((curve[:10] / curve[0]).tolist(), 10)
+    queries, docs = 40, 15
+    relevance = rng.uniform(0.0, 0.9, (queries, docs)) ** 2
+    h = Harvester(min_support=5)
+    log = []
+    for i in range(8000):
+        q = int(rng.integers(queries))
+        good = i % 2 == 0
+        score = relevance[q] + (0.0 if good else rng.normal(0, 0.6, docs))
+        order = np.argsort(-score)[:10]
+        shown = [f"d{d}" for d in order]
+        clicked = {shown[r] for r in pbm(relevance[q, order], rng, curve)}
+        implicit = {d: 1.0 for d in clicked}
+        h.observe(f"q{q}", shown, clicked, implicit)
+        log.append((good, f"q{q}", shown, implicit))
+    raw = {True: [], False: []}
+    pooled = {True: [], False: []}
+    truth = {True: [], False: []}
+    ndcg = parse("nDCG@10")
+    for good, q, shown, implicit in log[-2000:]:
+        state = QueryState.from_grades(shown, implicit, shown_grade=0)
+        if state.num_rel:
+            raw[good].append(ndcg.values(evaluate([ndcg], stack([state]))[ndcg])[0])
+        ideal = h.ideal_dcg(q, true_w)
+        if ideal is not None:
+            pooled[good].append(dcg(shown, grades(shown, implicit, (curve[:10] / curve[0]).tolist())) / ideal)
+        rel = relevance[int(q[1:])]
+        best = sorted(rel, reverse=True)
+        truth[good].append(dcg(shown, {f"d{d}": rel[d] for d in range(docs)}) / dcg([str(i) for i in range(10)],
+                                                                                   {str(i): best[i] for i in range(10)}))
+    gap = {name: np.mean(v[True]) - np.mean(v[False]) for name, v in
+           (("raw", raw), ("pooled", pooled), ("truth", truth))}
+    assert gap["truth"] > 0.1, gap
+    assert gap["pooled"] > 0.5 * gap["truth"], gap
+    assert gap["raw"] < 0.5 * gap["pooled"], gap
