@@ -5,15 +5,18 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-alerts demo demo-full clean
+.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-alerts demo demo-full clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
 	@echo "make services       start the real services on 127.0.0.1 and print their RANKMETER_* settings"
 	@echo "make services-down  stop what 'make services' started"
-	@echo "make bench          run the benchmarks in bench/ against the real services"
+	@echo "make bench          every issue-10 benchmark against the real services, then one table of the targets (~25 min)"
 	@echo "make bench-scrape   /metrics scrape cost, 100 rankers, 1,000 vs 100,000 open queries (~1 min)"
 	@echo "make bench-freshness  production-to-/metrics delay per Kafka backend, Redis bytes per open query (~3 min)"
+	@echo "make bench-soak     serve's RSS over 5,000,000 events per Kafka backend (~8 min; BENCH_ARGS=\"--events 500000\")"
+	@echo "make bench-replicas 1, 2, 3 serve replicas: events/s and the CPU split serve/broker/Redis (~6 min)"
+	@echo "make bench-summary  the table of issue-10 targets from what bench/results/ holds"
 	@echo "make bench-alerts   alert quality on a simulated week (BENCH_ARGS=\"--seed 12 --days 7\")"
 	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
 	@echo "make demo-full      the same on the real Kafka and Redis of 'make services'"
@@ -39,11 +42,16 @@ test: venv
 test-unit: venv
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
 
+# Each benchmark writes its figures to bench/results/<name>.json; bench/summary.py prints
+# one table of issue 10's targets from them (docs/benchmarks.md).
 bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py
 	@$(BIN)/python bench/bench_scrape.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_freshness.py
+	@scripts/run-tests.sh $(BIN)/python bench/bench_soak.py
+	@scripts/run-tests.sh $(BIN)/python bench/bench_replicas.py
+	@$(BIN)/python bench/summary.py
 
 # Each on its own (docs/benchmarks.md): the scrape needs no services, freshness needs them.
 bench-scrape: venv
@@ -51,6 +59,15 @@ bench-scrape: venv
 
 bench-freshness: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_freshness.py
+
+bench-soak: venv
+	@scripts/run-tests.sh $(BIN)/python bench/bench_soak.py $(BENCH_ARGS)
+
+bench-replicas: venv
+	@scripts/run-tests.sh $(BIN)/python bench/bench_replicas.py $(BENCH_ARGS)
+
+bench-summary:
+	@$(BIN)/python bench/summary.py
 
 # Alert quality on a simulated week per seed (about 15 minutes each): docs/benchmarks.md.
 bench-alerts: venv

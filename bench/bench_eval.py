@@ -24,6 +24,9 @@ import pytrec_eval
 from rankmeter.engine import parse_all
 from rankmeter.offline import evaluate_files
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from summary import save  # noqa: E402  (bench/results/eval.json for bench/summary.py)
+
 MEASURES = {"nDCG@10": "ndcg_cut_10", "P@10": "P_10", "AP": "map"}
 
 
@@ -83,6 +86,9 @@ def main() -> int:
     print(f"rankmeter_eval_seconds={ours_s:.3f}")
     print(f"pytrec_eval_seconds={theirs_s:.3f}")
     print(f"speedup_vs_pytrec_eval={theirs_s / ours_s:.2f}")
+    save("eval", {"queries": args.queries, "docs_per_query": args.docs, "repeat": args.repeat,
+                  "rankmeter_eval_seconds": ours_s, "pytrec_eval_seconds": theirs_s,
+                  "speedup_vs_pytrec_eval": theirs_s / ours_s})
     return 0
 
 

@@ -49,6 +49,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 from serving import Serve, unique_topics  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summary import save  # noqa: E402  (bench/results/freshness.json for bench/summary.py)
+
 PROBE_EVERY_S = 0.5
 POLL_S = 0.02
 QUERIES = re.compile(rb'^rankmeter_queries\{([^}]*)\} (\S+)$', re.M)
@@ -294,6 +297,17 @@ def main() -> int:
         print(f"freshness_p99_ms_at_80pct_{key}={r['80pct']['p99'] * 1000:.0f}")
         print(f"redis_bytes_per_open_query_{key}={r['bytes_per_open_query']:.0f} "
               f"(used_memory growth: {r['used_memory_per_open_query']:.0f}; open queries {r['open_queries']:,.0f})")
+    save("freshness", {"seconds_per_level": args.seconds, "backlog": args.backlog, "backends": {
+        r["backend"].replace("-", "_"): {
+            "catching_up": r["max"], "live_max": r["live_max"], "rate_80pct": r["80pct"]["rate"],
+            "p50_ms_at_5000": r["5000"]["p50"] * 1000, "p99_ms_at_5000": r["5000"]["p99"] * 1000,
+            "p50_ms_at_80pct": r["80pct"]["p50"] * 1000, "p99_ms_at_80pct": r["80pct"]["p99"] * 1000,
+            "consumed_per_s_at_80pct": r["80pct"]["consumed_per_s"],
+            "redis_bytes_per_open_query": r["bytes_per_open_query"],
+            "used_memory_per_open_query": r["used_memory_per_open_query"], "open_queries": r["open_queries"],
+            "costs": {name: {k: r[name][k] for k in ("serve_cpu_us", "redis_cpu_us", "redis_commands", "redis_bytes_in")}
+                      for name in ("5000", "80pct")}}
+        for r in results}})
     return 0
 
 

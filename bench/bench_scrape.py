@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from rankmeter import config
 from rankmeter.exporter import Exporter, Health
@@ -28,6 +29,9 @@ from rankmeter.pipeline import Pipeline
 from rankmeter.serve import tune_gc
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summary import save  # noqa: E402  (bench/results/scrape.json for bench/summary.py)
 
 RANKERS = 100
 WINDOWS = ["5m", "1h", "24h"]
@@ -126,6 +130,10 @@ def main() -> int:
     for name in FORMATS:
         print(f"scrape_ratio_{name.replace('+', '_')}_{high}_vs_{low}={runs[high][name][0] / runs[low][name][0]:.2f}")
     print(f"gzip_bytes_ratio_text={runs[high]['text+gzip'][1] / runs[high]['text'][1]:.3f}")
+    save("scrape", {"low": low, "high": high, "series": runs[low]["series"][1], "scrapes": args.scrapes,
+                    "scrape_seconds": {str(n): {name: runs[n][name][0] for name in FORMATS} for n in sizes},
+                    "scrape_ratios": {name: runs[high][name][0] / runs[low][name][0] for name in FORMATS},
+                    "render_seconds": {str(n): runs[n]["render"][0] for n in sizes}})
     return 0
 
 

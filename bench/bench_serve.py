@@ -41,6 +41,9 @@ from rankmeter.serve import tune_gc  # noqa: E402
 from rankmeter.source import Bus  # noqa: E402
 from rankmeter.store import MemoryStore  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summary import save  # noqa: E402  (bench/results/serve.json for bench/summary.py)
+
 
 def stream(events: int, seed: int = 1):
     """(stream, key, value) of `events` events: impressions of 10 results, then 1–7
@@ -229,6 +232,18 @@ def main() -> int:
         print(f"quix_peer_events_per_second={median['quix']:.0f}")
         best = max(one, median.get("serve_confluent", 0.0))
         print(f"ratio_best_serve_to_quix={best / median['quix']:.2f}")
+    figures = {"events": total, "partitions": 4, "rounds": args.rounds, "rounds_events_per_second": rates,
+               "bare_kafka_python_events_per_second": bare, "rankmeter_serve_events_per_second": one,
+               "rankmeter_serve_two_replicas_events_per_second": two, "pipeline_alone_events_per_second": alone,
+               "ratio": one / bare}
+    if confluent:
+        figures.update({"bare_confluent_events_per_second": median["bare_confluent"],
+                        "rankmeter_serve_confluent_events_per_second": median["serve_confluent"],
+                        "ratio_confluent": median["serve_confluent"] / median["bare_confluent"]})
+    if quix:
+        figures.update({"quix_peer_events_per_second": median["quix"],
+                        "ratio_best_serve_to_quix": max(one, median.get("serve_confluent", 0.0)) / median["quix"]})
+    save("serve", figures)
     return 0
 
 
