@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rankmeter import config
-from rankmeter.events import Decoder, Feedback, Impression, Rejected
+from rankmeter.events import Decoder, Feedback, Impression, Rejected, query_hash
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 DEC = Decoder(config.load(None, {}))
@@ -24,14 +24,17 @@ def test_native_impression_with_rfc3339_or_epoch_ms():
     b = impression(query_id="q", ranker="bm25", timestamp=NOW, results=["a"], user_query="shoes")
     c = impression(query_id="q", ranker="bm25", timestamp="2027-01-15T09:00:00.250+01:00", results=[])
     assert a == Impression("q", "bm25", NOW, ["a", "b"], "de")
-    assert b == Impression("q", "bm25", NOW, ["a"], "")
+    # The query text is kept as a 64-bit hash, case and spacing folded (position-bias harvest).
+    assert b == Impression("q", "bm25", NOW, ["a"], "", query_hash=query_hash("shoes"))
+    assert query_hash("  Shoes ") == query_hash("shoes") != query_hash("shoe") and len(query_hash("x")) == 16
     assert c.timestamp_ms == NOW + 250
 
 
 def test_ubi_query_record_is_an_impression():
     ubi = {"query_id": "u1", "timestamp": NOW, "client_id": "c", "application": "shop",
            "query_attributes": {"ranker": "ltr-v3"}, "query_response_hit_ids": ["x", "y"], "user_query": "tv"}
-    assert DEC.impression(json.dumps(ubi).encode(), NOW) == Impression("u1", "ltr-v3", NOW, ["x", "y"], "")
+    assert DEC.impression(json.dumps(ubi).encode(), NOW) == Impression("u1", "ltr-v3", NOW, ["x", "y"], "",
+                                                                        query_hash=query_hash("tv"))
     older = {"query_id": "u2", "timestamp": NOW, "application": "shop", "query_response_object_ids": ["z"]}
     assert DEC.impression(json.dumps(older).encode(), NOW) == Impression("u2", "shop", NOW, ["z"], "")
     oldest = {"query_id": "u3", "timestamp": NOW, "application": "s", "query_response_objects_ids": ["w", 978316]}

@@ -16,7 +16,7 @@ from rankmeter import config
 from rankmeter.engine import QueryState, parse, stack
 from rankmeter.engine import ONLINE_SIGNALS
 from rankmeter.join import QueryRecord
-from rankmeter.pipeline import Pipeline
+from rankmeter.pipeline import IPW, Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
 from rankmeter.windows import BIN_EDGES
@@ -331,7 +331,7 @@ def test_configuration_changes_carry_unchanged_measures_and_never_relabel():
     old = next(v for v in first.views() if v.window == "5m").sums
     second, feed = one_partition([], settings=after, store=store, bus=bus)
     carried = next(v for v in second.views() if v.window == "5m").sums
-    assert carried["nDCG@10"] == old["nDCG@10"] and set(carried) == {"nDCG@10", "P@5", *ONLINE_SIGNALS}
+    assert carried["nDCG@10"] == old["nDCG@10"] and set(carried) == {"nDCG@10", "P@5", *ONLINE_SIGNALS, IPW + "nDCG@10"}
     assert carried["P@5"].count == 0    # nothing relabelled
     feed([click("q1", now_ms, "d1")])   # q1 evaluated again: P@5 = 1/5, from the change on
     sums = next(v for v in second.views() if v.window == "5m").sums

@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from rankmeter import config
-from rankmeter.events import Decoder, Feedback, Impression, Rejected
+from rankmeter.events import Decoder, Feedback, Impression, Rejected, query_hash
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -240,13 +240,15 @@ def test_positions_of_every_shape_and_their_bases():
 def test_query_records_without_hit_ids_wait_for_their_list():
     decode = Decoder(SETTINGS).impression
     record = make_query_event(_config("esci_ubi_sample"), _row("q", NOW_MS))
+    text = query_hash(record["user_query"])
     assert decode(json.dumps(record).encode(), NOW_MS) == Impression(
-        "q", "esci_ubi_sample", NOW_MS, [], "", assemble=True)
+        "q", "esci_ubi_sample", NOW_MS, [], "", assemble=True, query_hash=text)
     record = {**record, "query_response_hit_ids": [], "query_attributes": {"ranker": "r", "hits": 10}}
     assert decode(json.dumps(record).encode(), NOW_MS) == Impression("q", "r", NOW_MS, [], "", assemble=True,
-                                                                     expected=10)
+                                                                     expected=10, query_hash=text)
     with_hits = {**record, "query_response_hit_ids": ["a", "b"]}
-    assert decode(json.dumps(with_hits).encode(), NOW_MS) == Impression("q", "r", NOW_MS, ["a", "b"], "")
+    assert decode(json.dumps(with_hits).encode(), NOW_MS) == Impression("q", "r", NOW_MS, ["a", "b"], "",
+                                                                        query_hash=text)
 
 
 def test_judgments_may_carry_an_esci_label_graded_by_evaluation_labels():

@@ -117,6 +117,17 @@ class Alerts(msgspec.Struct, forbid_unknown_fields=True):
     production_rankers: list[str] = []
 
 
+class Debias(msgspec.Struct, forbid_unknown_fields=True):
+    """Position-bias correction (debias/): examination propensities estimated from the
+    stream, and inverse-propensity-weighted variants of graded measures, exported as
+    rankmeter_debiased_quality{grading="ipw"} beside the raw ones."""
+    measures: list[str] = msgspec.field(default_factory=lambda: ["nDCG@10"])  # empty: off
+    ranks: int = 10               # propensities estimated for ranks 1..ranks
+    max_weight: float = 10.0      # IPW clip: a click counts at most this many times
+    min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
+    capacity: int = 50_000        # (query, document) entries harvested per partition
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     kafka: Kafka = msgspec.field(default_factory=Kafka)
     redis: Redis = msgspec.field(default_factory=Redis)
@@ -126,12 +137,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     ab: AB = msgspec.field(default_factory=AB)
     alerts: Alerts = msgspec.field(default_factory=Alerts)
+    debias: Debias = msgspec.field(default_factory=Debias)
     log_level: str = "INFO"
 
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "kafka": Kafka, "redis": Redis, "metrics": Metrics, "evaluation": Evaluation,
-    "windows": Windows, "limits": Limits, "ab": AB, "alerts": Alerts}
+    "windows": Windows, "limits": Limits, "ab": AB, "alerts": Alerts,
+    "debias": Debias}
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -313,6 +326,19 @@ def _check(s: Settings) -> None:
             time_ms(s.ab.start)
         except ValueError:
             fail("ab.start", f"{s.ab.start!r} is neither epoch milliseconds nor an RFC 3339 time")
+    try:
+        debiased = parse_all(s.debias.measures)
+    except ValueError as e:
+        fail("debias.measures", str(e))
+    for m in debiased:
+        if m.family not in ("nDCG", "DCG") or dict(m.params).get("dcg", "log2") != "log2" or m.cutoff is None:
+            fail("debias.measures", f"{m}: only nDCG@k and DCG@k (with a cut-off, linear gains) have an IPW variant")
+    if not 1 <= s.debias.ranks <= 100:
+        fail("debias.ranks", "must be between 1 and 100")
+    if s.debias.max_weight < 1:
+        fail("debias.max_weight", "must be at least 1")
+    if s.debias.min_pairs < 1 or s.debias.capacity < 1:
+        fail("debias.min_pairs" if s.debias.min_pairs < 1 else "debias.capacity", "must be at least 1")
     if s.kafka.max_poll_records < 1:
         fail("kafka.max_poll_records", "must be at least 1")
     if s.kafka.backend not in KAFKA_BACKENDS:

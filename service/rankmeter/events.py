@@ -32,6 +32,9 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     # record says were shown (0: not said).
     assemble: bool = False
     expected: int = 0
+    # `query_hash(user_query)`: the same query text across rankers, for position-bias
+    # estimation (debias/); "" when the event has no text.
+    query_hash: str = ""
 
 
 class Feedback(msgspec.Struct, array_like=True, frozen=True):
@@ -176,7 +179,7 @@ class Decoder:
         except msgspec.DecodeError as e:
             return Rejected("invalid", f"not UTF-8 JSON: {e}")
         impression = self._impression(native.query_id, native.ranker, native.timestamp,
-                                      native.results, native.segment or "", now_ms)
+                                      native.results, native.segment or "", now_ms, native.user_query)
         if native.interleaving is None or isinstance(impression, Rejected):
             return impression
         return _interleaved(impression, native.results, native.interleaving)
@@ -195,7 +198,7 @@ class Decoder:
                                        f"{self.ranker_attribute} nor application is a non-empty string")
         segment = attributes.get("segment")
         impression = self._impression(ubi.query_id, ranker, ubi.timestamp, [str(h) for h in hits],
-                                      segment if isinstance(segment, str) else "", now_ms)
+                                      segment if isinstance(segment, str) else "", now_ms, ubi.user_query)
         if hits or isinstance(impression, Rejected):
             return impression
         # No hit ids (the UBI data generator, the JavaScript collector): the query's
@@ -205,7 +208,7 @@ class Decoder:
         return msgspec.structs.replace(impression, assemble=True, expected=expected)
 
     def _impression(self, query_id: str, ranker: str, timestamp: str | int, results: list[str],
-                    segment: str, now_ms: int) -> Impression | Rejected:
+                    segment: str, now_ms: int, user_query: str | None = None) -> Impression | Rejected:
         problem = _check_query_id(query_id)
         if problem:
             return Rejected("invalid", problem)
@@ -217,7 +220,8 @@ class Decoder:
         if isinstance(ts, Rejected):
             return ts
         # A document repeated in the list keeps its first rank (brief §2).
-        return Impression(query_id, ranker, ts, first_occurrences(results), segment)
+        return Impression(query_id, ranker, ts, first_occurrences(results), segment,
+                          query_hash=query_hash(user_query) if user_query else "")
 
     # -- feedback --
 
@@ -351,6 +355,13 @@ def _ubi_position(attributes: _UbiEventAttributes) -> int | None:
     if zero_based is None:
         return None
     return zero_based + 1 if zero_based >= 0 else zero_based  # a negative one stays invalid
+
+
+def query_hash(text: str) -> str:
+    """64 bits of the query text, case and spacing folded: what the position-bias
+    harvest groups impressions by (a record keeps 16 characters, not the text)."""
+    folded = " ".join(text.casefold().split())
+    return hashlib.blake2b(folded.encode(), digest_size=8).hexdigest()
 
 
 def _interleaved(impression: Impression, shown: list[str], il: _Interleaving) -> Impression | Rejected:

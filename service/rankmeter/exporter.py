@@ -22,7 +22,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFam
                                    Metric)
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from rankmeter.pipeline import Pipeline
+from rankmeter.pipeline import IPW, Pipeline
 from rankmeter.windows import BIN_EDGES
 
 log = logging.getLogger("rankmeter.exporter")
@@ -82,6 +82,17 @@ class PipelineCollector:
             "rankmeter_query_quality", "Distribution of the per-query values averaged in "
             "rankmeter_quality{average=\"macro\"}: queries with a value at most `le`.",
             labels=["metric", "ranker", "segment", "window"])
+        debiased_labels = ["metric", "grading", "ranker", "segment", "window", "average"]
+        debiased = GaugeMetricFamily(
+            "rankmeter_debiased_quality", "Ranking quality from position-bias-corrected click "
+            "grades (grading=\"ipw\": inverse propensity weighted, clipped), beside rankmeter_quality.",
+            labels=debiased_labels)
+        debiased_numerator = GaugeMetricFamily(
+            "rankmeter_debiased_quality_numerator", "Numerator of rankmeter_debiased_quality.",
+            labels=debiased_labels)
+        debiased_denominator = GaugeMetricFamily(
+            "rankmeter_debiased_quality_denominator", "Denominator of rankmeter_debiased_quality.",
+            labels=debiased_labels)
         views = self.pipeline.views()
         for view in views:
             base = [view.ranker, view.segment, view.window]
@@ -91,6 +102,14 @@ class PipelineCollector:
             queries.add_metric(base + ["all"], view.queries_all)
             queries.add_metric(base + ["judged"], view.queries_judged)
             for metric, s in view.sums.items():
+                if metric.startswith(IPW):
+                    for average, num, den in (("macro", s.value_sum, s.count), ("micro", s.numerator, s.denominator)):
+                        key = [metric[len(IPW):], "ipw", view.ranker, view.segment, view.window, average]
+                        debiased_numerator.add_metric(key, num)
+                        debiased_denominator.add_metric(key, den)
+                        if den:
+                            debiased.add_metric(key, num / den)
+                    continue
                 for average, num, den in (("macro", s.value_sum, s.count), ("micro", s.numerator, s.denominator)):
                     key = [metric, view.ranker, view.segment, view.window, average]
                     numerator.add_metric(key, num)
@@ -99,6 +118,8 @@ class PipelineCollector:
                         quality.add_metric(key, num / den)
                 squares.add_metric([metric, *base], s.value_squares)
         yield from (quality, numerator, denominator, squares, queries, distribution)
+        if self.pipeline.debiased:
+            yield from (debiased, debiased_numerator, debiased_denominator, *self._propensities())
         yield self._ranker_info(sorted({v.ranker for v in views}))
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
@@ -137,6 +158,22 @@ class PipelineCollector:
                                   "replica had claimed the partition (this one had stalled).",
                                   value=self.pipeline.fenced_total)
         yield from self._experiment()  # last: it returns early without an experiment
+
+    def _propensities(self) -> Iterator[Metric]:
+        found = self.pipeline.propensities
+        relative = GaugeMetricFamily(
+            "rankmeter_propensity", "Estimated probability that a user examines each rank, relative "
+            "to rank 1 (intervention harvesting across rankers): the weights of the debiased measures.",
+            labels=["rank"])
+        support = GaugeMetricFamily(
+            "rankmeter_propensity_pairs", "Harvested (query, document) pairs shown at each rank and at "
+            "another: the evidence behind rankmeter_propensity (an estimate needs debias.min_pairs).",
+            labels=["rank"])
+        for rank, (p, n) in enumerate(zip(found.relative, found.support), start=1):
+            if p is not None:
+                relative.add_metric([str(rank)], p)
+            support.add_metric([str(rank)], n)
+        yield from (relative, support)
 
     def _ranker_info(self, rankers: list[str]) -> Metric:
         production = self.pipeline.settings.alerts.production_rankers

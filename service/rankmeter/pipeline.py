@@ -13,6 +13,7 @@ partition's only writer while it holds it). It knows nothing of Kafka or Redis: 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import logging
 import threading
@@ -30,7 +31,9 @@ from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.checkpoint import Checkpoint
 from rankmeter.config import Evaluation, Settings, duration_ms, time_ms
-from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
+from rankmeter.debias import ipw
+from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate, merge
+from rankmeter.engine import ONLINE_SIGNALS, Measure, QueryState, evaluate, evaluate_online, parse_all, stack
 from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Impression, Rejected
 from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
 from rankmeter.source import Record
@@ -52,6 +55,10 @@ LABEL_REFRESH_MS = 60_000   # how often an admitted label's last use is refreshe
 CACHE_LIMIT = 200_000       # query records kept in memory per partition
 HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
 HISTORY_KEEP = 20_000         # ... for two weeks
+IPW = "ipw:"                  # layout names of the debiased measures: ipw:nDCG@10
+PAIRS = "propensity\x1fpairs"  # a partition's harvested pair sums (debias/), with its A/B sums
+HARVEST_QUEUE_LIMIT = 100_000  # queries waiting per partition to be harvested; past it, new
+                               # ones are not harvested (a sample: the estimate needs no more)
 
 
 class PartitionState:
@@ -79,6 +86,12 @@ class PartitionState:
         self.shown_wall_ms = 0.0  # when the last impression event came (wall clock, ms)
         self.checkpoints = 0  # written by this owner (their mark: epoch and number, Pipeline._unsure)
         self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
+        # Position bias (debias/): the partition's harvest, and the queries waiting for their
+        # clicks to be final, (attribution end, query id), soonest first. Kept in memory
+        # only: after a restart the queries open then are not harvested (a smaller sample,
+        # never a biased one); the pair sums persist, with the A/B sums (PAIRS).
+        self.harvester: Harvester | None = None
+        self.harvest_queue: list[tuple[int, str]] = []
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
         """How far event time has certainly come in this partition: the lower of the two
@@ -98,10 +111,12 @@ class _Touched(NamedTuple):
     query_id: str
 
 
-def layout_for(settings: Settings) -> Layout:
+def layout_for(settings: Settings, debiased: bool = True) -> Layout:
     """The layout of this configuration. A quality measure's identity includes what its
     values depend on (grade map, relevance level, empty-query policy), so changing those
-    starts it afresh rather than mixing old and new values under one name."""
+    starts it afresh rather than mixing old and new values under one name. The debiased
+    measures (`ipw:…`) come last; `debiased=False` leaves them out (the A/B layout: an
+    experiment's name, and its sums, do not change when they are turned on)."""
     e = settings.evaluation
     measures = [str(m) for m in parse_all(e.measures)]
     grading = json.dumps([sorted(e.grades.items()), e.long_dwell_ms, e.long_dwell_grade,
@@ -110,9 +125,20 @@ def layout_for(settings: Settings) -> Layout:
                          + ([sorted(e.labels.items())] if e.labels != Evaluation().labels else []))
     tag = hashlib.sha256(grading.encode()).hexdigest()[:8]
     names = measures + list(ONLINE_SIGNALS)
-    over_all = names if e.empty_query_policy == "zero" else ONLINE_SIGNALS
-    return Layout(names, over_all, distributed=measures, ids=[f"{m}#{tag}" for m in measures] + list(ONLINE_SIGNALS),
-                  judged_id=f"judged#{tag}")
+    over_all = names if e.empty_query_policy == "zero" else list(ONLINE_SIGNALS)
+    ids = [f"{m}#{tag}" for m in measures] + list(ONLINE_SIGNALS)
+    if debiased and settings.debias.measures:
+        d = settings.debias
+        weighting = json.dumps([sorted(e.grades.items()), e.long_dwell_ms, e.long_dwell_grade,
+                                d.ranks, d.max_weight, d.min_pairs])
+        ipw_tag = hashlib.sha256(weighting.encode()).hexdigest()[:8]
+        debiased_names = [IPW + str(m) for m in parse_all(d.measures)]
+        names = names + debiased_names
+        # Over every impression whose query has what the measure needs (module `ipw`):
+        # an impression without a click counts 0, or the average would be biased upwards.
+        over_all = list(over_all) + debiased_names
+        ids = ids + [f"{n}#{ipw_tag}" for n in debiased_names]
+    return Layout(names, over_all, distributed=measures, ids=ids, judged_id=f"judged#{tag}")
 
 
 class Pipeline:
@@ -129,6 +155,11 @@ class Pipeline:
         self.feedback_topic = settings.kafka.feedback_topic
         self.measures = parse_all(settings.evaluation.measures)
         self.layout = layout_for(settings)
+        self.ab_layout = layout_for(settings, debiased=False)  # A/B: the measures and signals only
+        self.debiased = parse_all(settings.debias.measures)
+        # Examination propensity per rank, relative to rank 1 (None: not estimated yet),
+        # from every partition's harvest: estimated by partition 0's holder, read by all.
+        self.propensities = Propensities([None] * settings.debias.ranks, [0.0] * settings.debias.ranks, 0)
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
         self.max_results = settings.limits.max_results
@@ -161,7 +192,7 @@ class Pipeline:
         self._last_sweep_ms = 0
         self._last_sweep_wall = 0.0
         self._zero = bytes(8 * self.layout.size)
-        self.ab_size = ab_sums.size(self.layout)
+        self.ab_size = ab_sums.size(self.ab_layout)
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from `ab.start` on.
         self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
@@ -211,6 +242,11 @@ class Pipeline:
             # Experiment sums as stored: an A/B experiment's name includes its layout, and
             # interleaving counts are the same in every layout.
             state.ab = {field: np.frombuffer(data).copy() for field, data in snapshot.ab.items()}
+            if self.debiased:
+                state.harvester = Harvester(self.settings.debias.ranks, self.settings.debias.capacity)
+                pairs = state.ab.get(PAIRS)
+                if pairs is not None and len(pairs) == 2 * self.settings.debias.ranks ** 2:
+                    state.harvester.sums = PairSums.from_vector(pairs)
             if not state.history or state.history[-1] != self.layout.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.
@@ -309,8 +345,8 @@ class Pipeline:
             if isinstance(event, Feedback) and event.action == IMPRESSION_ACTION:
                 ps.shown_wall_ms = self.wall() * 1000
 
-        expired, due = self._sweep(now_ms)
-        return self._step(work, advanced, newest, expired, due, now_ms)
+        expired, due, harvest = self._sweep(now_ms)
+        return self._step(work, advanced, newest, expired, due, now_ms, harvest)
 
     def end_of_input(self) -> dict[tuple[str, int], int]:
         """Settle every list still being assembled from impression events, as if event time
@@ -322,12 +358,16 @@ class Pipeline:
 
     def _step(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
               advanced: dict[int, dict[str, int]], newest: dict[int, dict[str, int]],
-              expired: dict[int, list[str]], due: dict[int, list[str]], now_ms: int) -> dict[tuple[str, int], int]:
+              expired: dict[int, list[str]], due: dict[int, list[str]], now_ms: int,
+              harvest: Mapping[int, list[str]] | None = None) -> dict[tuple[str, int], int]:
         counts = self._counts
-        self._load_records(work, {p: expired.get(p, []) + due.get(p, []) for p in {*expired, *due}})
+        harvest = harvest or {}
+        self._load_records(work, {p: expired.get(p, []) + due.get(p, []) + harvest.get(p, [])
+                                  for p in {*expired, *due, *harvest}})
         touched, changed = self._join(work, now_ms)
         self._settle_due(expired, due, touched, changed)
         dirty_buckets = self._evaluate(touched, changed)
+        self._harvest(harvest)
         for p, topics in newest.items():
             watermarks = self.partitions[p].watermarks
             for topic, ts in topics.items():
@@ -374,17 +414,18 @@ class Pipeline:
         if refused:
             self.revoke(refused)
 
-    def _sweep(self, now_ms: int) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    def _sweep(self, now_ms: int) -> tuple[dict[int, list[str]], dict[int, list[str]], dict[int, list[str]]]:
         """Queries whose deadline the partition's event-time watermark has passed: closed
         (their contribution stays), orphaned when their impression never came, or, when
         their list is being assembled, settled (see `_settle_due`). Never closed by the
         wall clock: a backlog after an outage is joined as it would have been live.
         Also (`due`): the lists known here that are complete (`_list_ready`). Every
-        second of event time or of the wall clock (serve sweeps on empty polls too)."""
+        second of event time or of the wall clock (serve sweeps on empty polls too).
+        And (`harvest`) the queries whose clicks the watermark has made final."""
         wall_ms = self.wall() * 1000
         if (now_ms - self._last_sweep_ms < SWEEP_INTERVAL_MS and wall_ms - self._last_sweep_wall < SWEEP_INTERVAL_MS) \
                 or not self.partitions:
-            return {}, {}
+            return {}, {}, {}
         self._last_sweep_wall = wall_ms
         topics = (self.impressions_topic, self.feedback_topic)
         due = {}
@@ -394,7 +435,15 @@ class Pipeline:
         watermarks = {p: wm for p, ps in self.partitions.items()
                       if (wm := ps.watermark(topics, {t for t, q in self.caught_up if q == p})) is not None}
         if not watermarks:
-            return {}, due
+            return {}, due, {}
+        harvest = {}
+        for p, wm in watermarks.items():
+            queue = self.partitions[p].harvest_queue
+            ready = []
+            while queue and queue[0][0] <= wm:
+                ready.append(heapq.heappop(queue)[1])
+            if ready:
+                harvest[p] = ready
         found = self.store.expired(watermarks, SWEEP_LIMIT)
         expired = {}
         for p, (qids, open_count) in found.items():
@@ -403,7 +452,7 @@ class Pipeline:
                 expired[p] = qids
         if all(len(q) < SWEEP_LIMIT for q in expired.values()):
             self._last_sweep_ms = now_ms  # else go on closing at the next batch
-        return expired, due
+        return expired, due, harvest
 
     def _load_records(self, work: dict[int, list[tuple[Record, Impression | Feedback]]],
                       swept: dict[int, list[str]]) -> None:
@@ -514,6 +563,9 @@ class Pipeline:
         record.segment_label = self._label("segment", impression.segment) if impression.segment else ""
         record.ab_experiment = self._enrol(record)
         changed[key] = None
+        ps = self.partitions[key.partition]
+        if ps.harvester is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT:
+            heapq.heappush(ps.harvest_queue, (impression.timestamp_ms + self.attribution.implicit_ms, key.query_id))
         count = self._counts.setdefault(key.partition, Counter())
         for fb_outcome, _ in waiting:
             count[("feedback", fb_outcome)] += 1
@@ -591,6 +643,9 @@ class Pipeline:
         ratios = {**evaluate(self.measures, batch), **evaluate_online(clicks_of(records))}
         for i, (m, ratio) in enumerate(ratios.items()):   # in the layout's order: measures, then signals
             values[:, i], nums[:, i], dens[:, i] = m.values(ratio), ratio.num, ratio.den
+        if self.debiased:  # ... then the debiased measures
+            self._debiased_values(keys, records, values[:, len(ratios):], nums[:, len(ratios):],
+                                  dens[:, len(ratios):])
         self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
         self._move_interleaving(keys, records)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
@@ -616,13 +671,88 @@ class Pipeline:
                 dirty.setdefault(p, set()).add(bucket)
         return dirty
 
+    def _debiased_values(self, keys: list[_Touched], records: list[QueryRecord], values: np.ndarray,
+                         nums: np.ndarray, dens: np.ndarray) -> None:
+        """The IPW variants (debias/ipw.py), in place: each query's implicit grades times
+        the clipped inverse propensity of their rank, through the same engine (DCG@k).
+        nDCG@k divides by the ideal DCG@k of the query text's pooled debiased grades
+        (`Harvester.ideal_dcg`), the same whichever ranker answered: a list's own ideal
+        would cancel the weights. Without a pooled ideal (a text not harvested here yet)
+        the query has no value. Explicit judgments are left out: they carry no position
+        bias, and the raw series has them."""
+        relative, cap = self.propensities.relative, self.settings.debias.max_weight
+        states = [QueryState.from_grades(r.impression.results,
+                                         ipw.grades(r.impression.results, r.implicit, relative, max_weight=cap),
+                                         self.level, shown_grade=0) for r in records]
+        dcgs = evaluate(list(dict.fromkeys(Measure("DCG", m.cutoff) for m in self.debiased)), stack(states))
+        weights = ipw.weights(relative, self.settings.debias.ranks, cap)
+        for j, m in enumerate(self.debiased):
+            dcg = dcgs[Measure("DCG", m.cutoff)].num
+            if m.family == "DCG":
+                values[:, j], nums[:, j], dens[:, j] = dcg, dcg, 1.0
+                continue
+            for i, (k, r) in enumerate(zip(keys, records)):
+                harvester = self.partitions[k.partition].harvester
+                ideal = harvester.ideal_dcg(r.impression.query_hash, weights, int(m.cutoff)) \
+                    if harvester is not None and r.impression.query_hash else None
+                if ideal:
+                    values[i, j], nums[i, j], dens[i, j] = dcg[i] / ideal, dcg[i], ideal
+                else:
+                    values[i, j], nums[i, j], dens[i, j] = np.nan, 0.0, 0.0
+
+    def _harvest(self, due: Mapping[int, list[str]]) -> None:
+        """Queries whose clicks are final (their implicit attribution is over) into their
+        partition's position-bias harvest, once each (`debias.propensity`); the partition's
+        pair sums go with its next checkpoint."""
+        for p, qids in due.items():
+            ps = self.partitions.get(p)
+            if ps is None or ps.harvester is None:
+                continue
+            for qid in qids:
+                record = ps.records.get(qid)
+                if record is not None and record.impression is not None:
+                    ps.harvester.observe(record.impression.query_hash, record.impression.results,
+                                         set(record.clicked), record.implicit)
+            with self.lock:
+                ps.ab[PAIRS] = ps.harvester.sums.to_vector()
+                ps.dirty_ab.add(PAIRS)
+
+    def look_at_position_bias(self, estimate_here: bool) -> None:
+        """Refresh the propensities the debiased measures use. Partition 0's holder
+        estimates them from every partition's stored pair sums and stores the estimate
+        (`rankmeter_propensity`); the other replicas read it, so all weigh alike."""
+        d = self.settings.debias
+        if not self.debiased:
+            return
+        name = f"propensity|ranks={d.ranks}|min_pairs={d.min_pairs}"
+        if estimate_here:
+            size = 2 * d.ranks ** 2
+            sums = [PairSums.from_vector(np.frombuffer(fields[PAIRS]))
+                    for fields in self.store.load_ab(self.store.partitions()).values()
+                    if PAIRS in fields and len(fields[PAIRS]) == 8 * size]
+            if not sums:
+                return
+            found = estimate(merge(sums), d.min_pairs)
+            self.store.save_running(name, {"relative": json.dumps(found.relative),
+                                           "support": json.dumps(found.support)})
+        else:
+            kept = self.store.load_running(name)
+            if not kept:
+                return
+            relative, support = json.loads(kept["relative"]), json.loads(kept["support"])
+            if len(relative) != d.ranks:
+                return
+            found = Propensities(relative, support, 0)
+        with self.lock:
+            self.propensities = found
+
     def _experiment(self) -> str | None:
         """The experiment's name: baseline, start, and the measures' layout, so that a
         configuration change starts a new experiment (sums that mix two definitions of a
         measure, or a population enrolled under another one, are no experiment)."""
         if self.experiment_start is None:
             return None
-        return f"{self.baseline}@{self.experiment_start}@{self.layout.fingerprint}"
+        return f"{self.baseline}@{self.experiment_start}@{self.ab_layout.fingerprint}"
 
     def _enrol(self, record: QueryRecord) -> str:
         """The experiment an impression belongs to, decided once, when it is applied, by its
@@ -641,7 +771,8 @@ class Pipeline:
         inside = [experiment is not None and r.ab_experiment == experiment for r in records]
         if not any(inside):
             return
-        new = ab_sums.contributions(self.layout, values, nums, dens, judged)
+        m = len(self.ab_layout.names)  # the debiased measures, last, are not in experiments
+        new = ab_sums.contributions(self.ab_layout, values[:, :m], nums[:, :m], dens[:, :m], judged)
         zero = bytes(8 * self.ab_size)
         with self.lock:
             for k, record, vector, counts in zip(keys, records, new, inside):
@@ -787,6 +918,8 @@ class Pipeline:
         vectors: dict[tuple[str, str], np.ndarray] = {}
         for fields in stored.values():
             for field, data in fields.items():
+                if field == PAIRS or field.startswith("il\x1f"):
+                    continue
                 name, ranker, segment = field.split("\x1f", 2)
                 vector = np.frombuffer(data)
                 if name != experiment or len(vector) != self.ab_size:
@@ -796,7 +929,7 @@ class Pipeline:
         a = self.settings.ab
         state = f"{experiment}|alpha={a.alpha}|tau2={a.mixture_variance}|split={sorted(a.split.items())}"
         running = self.store.load_running(state)
-        result, kept = ab_look(experiment, self.baseline, vectors, self.layout, self.settings.ab, running)
+        result, kept = ab_look(experiment, self.baseline, vectors, self.ab_layout, self.settings.ab, running)
         now_ms = int(self.clock() * 1000)
         if save:
             self.store.save_running(state, kept)

@@ -193,10 +193,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
 def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:
     """The experiment's statistics are global (every partition's sums): the replica that
     holds partition 0 computes and exports them, the others export none."""
-    if 0 not in pipeline.partitions:
-        pipeline.ab_result, pipeline.interleaving_result = None, []
-        return
     try:
+        # Every replica weighs the debiased measures with the same propensities: partition
+        # 0's holder estimates them, the others read its estimate.
+        pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions)
+        if 0 not in pipeline.partitions:
+            pipeline.ab_result, pipeline.interleaving_result = None, []
+            return
         pipeline.ab_look()
     except unavailable:
         pass  # the next batch meets the store's failure and recovers
