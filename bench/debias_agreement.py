@@ -45,26 +45,40 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rankmeter.config import Evaluation
-from rankmeter.debias import Harvester, estimate
+from rankmeter.debias import Harvester, dcg, dcg_of, estimate, weights
 from rankmeter.debias import grades as ipw_grades
 from rankmeter.engine import QueryState, evaluate, parse, stack
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 
 MEASURES = [parse("nDCG@10"), parse("DCG@10")]
-CONFIGS = ("pbm/power-0.9", "pbm/power-1.5", "pbm/plateau-3", "cascade")
+CONFIGS = ("pbm/power-0.9", "pbm/power-1.5", "pbm/exp-0.75", "pbm/plateau-3", "cascade")
 SERIES = ("truth", "raw", "ipw-estimated", "ipw-true")
+# nDCG@10 with a normaliser that does not come from the list: the pooled per-query-text
+# ideal (`Harvester.ideal_dcg`), and a constant (the ideal DCG@10 of ten grade-3 results).
+EXTRA = ("ipw-pooled-estimated", "ipw-pooled-true", "ipw-constant-estimated")
+ROWS = [("nDCG@10", s) for s in SERIES + EXTRA] + [("DCG@10", s) for s in SERIES]
+MAX_GRADE = 3.0  # the default grade map's highest grade (purchase; judgments 0-3)
+CONSTANT_IDEAL = dcg_of([MAX_GRADE] * 10, 10)
+# The pooled variants measured (sensitivity table): minimum graded impressions per document,
+# capped at 1 or not, explicit judgments in the numerator or not; estimated propensities.
+SUPPORTS = (1, 3, 10, 30)
+# "micro": Σ DCG / Σ ideal over a ranker's queries (the engine's micro average) instead of
+# the mean of the per-query ratios.
+VARIANTS = [(m, agg, explicit) for m in SUPPORTS for agg in ("macro", "cap 1", "micro")
+            for explicit in (False, True)]
 TUNED, DEGRADED = (r.name for r in DEFAULT_RANKERS)
 
 
 class Query:
     """One evaluated query: its list, the service's grades (implicit and explicit) and the
     hidden ones."""
-    __slots__ = ("ranker", "results", "implicit", "explicit", "truth")
+    __slots__ = ("ranker", "results", "implicit", "explicit", "truth", "ideal")
 
     def __init__(self, ranker: str, results: list[str], truth: Mapping[str, int]) -> None:
         self.ranker, self.results, self.truth = ranker, results, truth
         self.implicit: dict[str, float] = {}
         self.explicit: dict[str, float] = {}
+        self.ideal: dict[tuple[int, str], float | None] = {}  # (min support, weights) -> pooled ideal
 
 
 def grade_of(value: dict, rules: Evaluation) -> float:
@@ -89,14 +103,45 @@ def macro(queries: Sequence[Query], grades_of) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int) -> dict:
+def per_ranker(queries: Sequence[Query], values: Sequence[float | None]) -> dict[str, float]:
+    """Mean per ranker of the queries' values, leaving out None (not judged)."""
+    out = {}
+    for ranker in (TUNED, DEGRADED):
+        kept = [v for q, v in zip(queries, values) if q.ranker == ranker and v is not None]
+        out[ranker] = float(np.mean(kept)) if kept else float("nan")
+    return out
+
+
+def pooled(q: Query, w: list[float], p: Sequence[float | None], support: int, cap: bool,
+           explicit: bool, which: str) -> float | None:
+    """Debiased nDCG@10 of one query: DCG@10 of its IPW grades over its text's pooled ideal
+    (None when the harvest gave no ideal: not judged)."""
+    ideal = q.ideal[(support, which)]
+    if ideal is None:
+        return None
+    value = dcg(q.results, ipw_grades(q.results, q.implicit, p, q.explicit if explicit else None)) / ideal
+    return min(value, 1.0) if cap else value
+
+
+def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
+             main: tuple[int, bool, bool]) -> dict:
     sim = Simulator(seed=seed, run_id=f"s{seed}", click_model=model, examination=curve,
                     track_examination=True)
     rules = Evaluation()
     harvester = Harvester()
     window_queries: list[Query] = []
     by_text = {q.text: q for q in sim.corpus.queries}
+    estimated: list[float | None] = []
+    true: list[float | None] = []
+    w: dict[str, list[float]] = {}
     for i in range(learn + window):
+        if i == learn:
+            # The propensities of the window: estimated from the harvest before it (as the
+            # live service refreshes them now and then), and the simulator's so far.
+            estimated = estimate(harvester.sums).relative
+            t = sim.true_examination()
+            true = (t / t[0]).tolist()
+            w = {"estimated": weights(estimated, 10), "true": weights(true, 10)}
         events = sim.query_events(1_700_000_000_000 + i * 500, i * 0.5)
         impression = next(e.value for e in events if e.stream == "impressions")
         query = Query(impression["ranker"], impression["results"],
@@ -114,21 +159,47 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int) 
             g = grade_of(v, rules)
             if g > query.implicit.get(v["doc_id"], 0.0):
                 query.implicit[v["doc_id"]] = g
-        harvester.observe(impression["user_query"], impression["results"], clicked)
+        # As the pipeline will: when the query closes, harvest it with its implicit grades,
+        # then read its text's pooled ideal (this query included).
+        text = impression["user_query"]
+        harvester.observe(text, impression["results"], clicked, query.implicit)
         if i >= learn:
+            for support in SUPPORTS:
+                harvester.min_support = support
+                for which in ("estimated", "true"):
+                    query.ideal[(support, which)] = harvester.ideal_dcg(text, w[which])
             window_queries.append(query)
-    estimated = estimate(harvester.sums).relative
-    true = sim.true_examination()
-    true = (true / true[0]).tolist()
     values = {
         "truth": macro(window_queries, lambda q: q.truth),
         "raw": macro(window_queries, lambda q: {**q.implicit, **q.explicit}),
         "ipw-estimated": macro(window_queries, lambda q: ipw_grades(q.results, q.implicit, estimated, q.explicit)),
         "ipw-true": macro(window_queries, lambda q: ipw_grades(q.results, q.implicit, true, q.explicit)),
     }
-    return {"gap": {(str(m), s): values[s][str(m)][TUNED] - values[s][str(m)][DEGRADED]
-                    for m in MEASURES for s in SERIES},
-            "tuned": {(str(m), s): values[s][str(m)][TUNED] for m in MEASURES for s in SERIES},
+    wq = window_queries
+    support, cap, explicit = main
+    values["ipw-pooled-estimated"] = {"nDCG@10": per_ranker(wq, [
+        pooled(q, w["estimated"], estimated, support, cap, explicit, "estimated") for q in wq])}
+    values["ipw-pooled-true"] = {"nDCG@10": per_ranker(wq, [
+        pooled(q, w["true"], true, support, cap, explicit, "true") for q in wq])}
+    # DCG@10 over a constant: every query counts (a query without a click scores 0).
+    values["ipw-constant-estimated"] = {"nDCG@10": per_ranker(wq, [
+        dcg(q.results, ipw_grades(q.results, q.implicit, estimated, q.explicit)) / CONSTANT_IDEAL for q in wq])}
+    sensitivity = {}
+    for v in VARIANTS:
+        support, agg, explicit = v
+        per_query = [pooled(q, w["estimated"], estimated, support, agg == "cap 1", explicit, "estimated")
+                     for q in wq]
+        means = per_ranker(wq, per_query)
+        if agg == "micro":  # Σ value·ideal / Σ ideal
+            ideals = [q.ideal[(support, "estimated")] for q in wq]
+            num = per_ranker(wq, [None if x is None else x * i for x, i in zip(per_query, ideals)])
+            den = per_ranker(wq, ideals)
+            means = {r: num[r] / den[r] for r in num}
+        sensitivity[v] = (means[TUNED] - means[DEGRADED], means[TUNED],
+                          float(np.mean([x is not None for x in per_query])))
+    return {"gap": {row: values[row[1]][row[0]][TUNED] - values[row[1]][row[0]][DEGRADED] for row in ROWS},
+            "tuned": {row: values[row[1]][row[0]][TUNED] for row in ROWS},
+            "sensitivity": sensitivity,
             "estimated": [np.nan if p is None else p for p in estimated], "true": true}
 
 
@@ -148,21 +219,41 @@ def t_interval(x: np.ndarray) -> tuple[float, float, float]:
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
-def report(config: str, runs: list[dict]) -> str:
+def report(config: str, runs: list[dict], main: tuple[int, bool, bool]) -> str:
     lines = [f"### {config}: {len(runs)} seeds", "",
              "| measure | grades | gap tuned − degraded (95% CI) | relative gap | share of the true relative gap "
-             "| right order | 95% CI |",
-             "|---|---|---|---|---|---|---|"]
-    for m in MEASURES:
-        relative = {}
-        for s in SERIES:
-            gaps = np.array([r["gap"][(str(m), s)] for r in runs])
-            relative[s] = gaps.mean() / np.mean([r["tuned"][(str(m), s)] for r in runs])
-            mean, lo, hi = t_interval(gaps)
-            right = int(np.sum(gaps > 0))
-            wl, wh = wilson(right, len(runs))
-            lines.append(f"| {str(m)} | {s} | {mean:.3f} ({lo:.3f}, {hi:.3f}) | {relative[s]:.1%} | "
-                         f"{relative[s] / relative['truth']:.0%} | {right}/{len(runs)} | {wl:.0%}–{wh:.0%} |")
+             "| share of the true gap | right order | 95% CI |",
+             "|---|---|---|---|---|---|---|---|"]
+    relative = {}
+    truth_gap = {m: np.mean([r["gap"][(m, "truth")] for r in runs]) for m in ("nDCG@10", "DCG@10")}
+    for row in ROWS:
+        m, s = row
+        gaps = np.array([r["gap"][row] for r in runs])
+        relative[row] = gaps.mean() / np.mean([r["tuned"][row] for r in runs])
+        mean, lo, hi = t_interval(gaps)
+        right = int(np.sum(gaps > 0))
+        wl, wh = wilson(right, len(runs))
+        # Absolute share only where the values are on the truth's scale (nDCG's 0-1).
+        absolute = f"{mean / truth_gap[m]:.0%}" if m == "nDCG@10" and s != "ipw-constant-estimated" else "–"
+        lines.append(f"| {m} | {s} | {mean:.3f} ({lo:.3f}, {hi:.3f}) | {relative[row]:.1%} | "
+                     f"{relative[row] / relative[(m, 'truth')]:.0%} | {absolute} | {right}/{len(runs)} | "
+                     f"{wl:.0%}–{wh:.0%} |")
+    support, cap, explicit = main
+    lines += ["", f"ipw-pooled: minimum support {support} graded impressions per document, "
+              f"{'capped at 1' if cap else 'not capped'}, explicit judgments "
+              f"{'in' if explicit else 'not in'} the numerator; ipw-constant: DCG@10 / {CONSTANT_IDEAL:.3f} "
+              "(ten grade-3 results).", "",
+              "| pooled variant (estimated p; macro = mean of per-query values) | gap (95% CI) | share of the true gap | right order | 95% CI "
+              "| queries judged |", "|---|---|---|---|---|---|"]
+    for v in VARIANTS:
+        gaps = np.array([r["sensitivity"][v][0] for r in runs])
+        mean, lo, hi = t_interval(gaps)
+        right = int(np.sum(gaps > 0))
+        wl, wh = wilson(right, len(runs))
+        judged = np.mean([r["sensitivity"][v][2] for r in runs])
+        lines.append(f"| support ≥ {v[0]}, {v[1]}, "
+                     f"{'explicit' if v[2] else 'implicit only'} | {mean:.3f} ({lo:.3f}, {hi:.3f}) | "
+                     f"{mean / truth_gap['nDCG@10']:.0%} | {right}/{len(runs)} | {wl:.0%}–{wh:.0%} | {judged:.0%} |")
     est = np.array([r["estimated"] for r in runs])
     true = np.array([r["true"] for r in runs])
     err = est - true
@@ -195,16 +286,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--learn", type=int, default=6000, help="queries harvested before the window")
     parser.add_argument("--window", type=int, default=600, help="queries evaluated (and harvested)")
+    parser.add_argument("--min-support", type=int, default=10, choices=SUPPORTS,
+                        help="ipw-pooled rows: graded impressions a document needs to enter the ideal")
+    parser.add_argument("--cap", action="store_true", help="ipw-pooled rows: cap each query's value at 1")
+    parser.add_argument("--explicit", action="store_true",
+                        help="ipw-pooled rows: explicit judgments in the numerator (they win)")
     args = parser.parse_args(argv)
+    main = (args.min_support, args.cap, args.explicit)
     for config in args.config or CONFIGS:
         model, _, curve = config.partition("/")
         started = time.monotonic()
         runs = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            runs.append(run_seed(model, curve or None, seed, args.learn, args.window))
+            runs.append(run_seed(model, curve or None, seed, args.learn, args.window, main))
             print(f"\r{config}: seed {seed} ({time.monotonic() - started:.0f} s)", end="", file=sys.stderr)
         print(file=sys.stderr)
-        print(report(config, runs) + "\n", flush=True)
+        print(report(config, runs, main) + "\n", flush=True)
     return 0
 
 
