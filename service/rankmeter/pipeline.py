@@ -86,11 +86,12 @@ class PartitionState:
         self.shown_wall_ms = 0.0  # when the last impression event came (wall clock, ms)
         self.checkpoints = 0  # written by this owner (their mark: epoch and number, Pipeline._unsure)
         self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
-        # Position bias (debias/): the partition's harvest, and the queries waiting for their
-        # clicks to be final, (attribution end, query id), soonest first. Kept in memory
+        # Position bias (debias/): the pair sums this partition's queries have added to the
+        # harvest (stored with the A/B sums: PAIRS), and the queries waiting for their clicks
+        # to be final, (attribution end, query id), soonest first. The queue is in memory
         # only: after a restart the queries open then are not harvested (a smaller sample,
-        # never a biased one); the pair sums persist, with the A/B sums (PAIRS).
-        self.harvester: Harvester | None = None
+        # never a biased one).
+        self.pair_sums: np.ndarray | None = None
         self.harvest_queue: list[tuple[int, str]] = []
 
     def watermark(self, topics: tuple[str, str], caught_up: set[str]) -> int | None:
@@ -160,6 +161,9 @@ class Pipeline:
         # Examination propensity per rank, relative to rank 1 (None: not estimated yet),
         # from every partition's harvest: estimated by partition 0's holder, read by all.
         self.propensities = Propensities([None] * settings.debias.ranks, [0.0] * settings.debias.ranks, 0)
+        # One harvest table for every partition held: a query text's impressions are spread
+        # over partitions (keyed by query_id), and its pooled ideal needs them together.
+        self.harvester = self._new_harvester()
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
         self.max_results = settings.limits.max_results
@@ -243,10 +247,13 @@ class Pipeline:
             # interleaving counts are the same in every layout.
             state.ab = {field: np.frombuffer(data).copy() for field, data in snapshot.ab.items()}
             if self.debiased:
-                state.harvester = Harvester(self.settings.debias.ranks, self.settings.debias.capacity)
-                pairs = state.ab.get(PAIRS)
-                if pairs is not None and len(pairs) == 2 * self.settings.debias.ranks ** 2:
-                    state.harvester.sums = PairSums.from_vector(pairs)
+                stored_pairs = state.ab.get(PAIRS)
+                size = 2 * self.settings.debias.ranks ** 2
+                state.pair_sums = stored_pairs if stored_pairs is not None and len(stored_pairs) == size \
+                    else np.zeros(size)
+                # The table may hold counts of a batch that was never stored (a store
+                # failure, a takeover): start it afresh, the pair sums are what persists.
+                self.harvester = self._new_harvester()
             if not state.history or state.history[-1] != self.layout.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.
@@ -564,7 +571,7 @@ class Pipeline:
         record.ab_experiment = self._enrol(record)
         changed[key] = None
         ps = self.partitions[key.partition]
-        if ps.harvester is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT:
+        if ps.pair_sums is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT:
             heapq.heappush(ps.harvest_queue, (impression.timestamp_ms + self.attribution.implicit_ms, key.query_id))
         count = self._counts.setdefault(key.partition, Counter())
         for fb_outcome, _ in waiting:
@@ -671,6 +678,10 @@ class Pipeline:
                 dirty.setdefault(p, set()).add(bucket)
         return dirty
 
+    def _new_harvester(self) -> Harvester | None:
+        d = self.settings.debias
+        return Harvester(d.ranks, d.capacity) if self.debiased else None
+
     def _debiased_values(self, keys: list[_Touched], records: list[QueryRecord], values: np.ndarray,
                          nums: np.ndarray, dens: np.ndarray) -> None:
         """The IPW variants (debias/ipw.py), in place: each query's implicit grades times
@@ -691,30 +702,31 @@ class Pipeline:
             if m.family == "DCG":
                 values[:, j], nums[:, j], dens[:, j] = dcg, dcg, 1.0
                 continue
-            for i, (k, r) in enumerate(zip(keys, records)):
-                harvester = self.partitions[k.partition].harvester
-                ideal = harvester.ideal_dcg(r.impression.query_hash, weights, int(m.cutoff)) \
-                    if harvester is not None and r.impression.query_hash else None
+            for i, r in enumerate(records):
+                ideal = self.harvester.ideal_dcg(r.impression.query_hash, weights, int(m.cutoff)) \
+                    if self.harvester is not None and r.impression.query_hash else None
                 if ideal:
                     values[i, j], nums[i, j], dens[i, j] = dcg[i] / ideal, dcg[i], ideal
                 else:
                     values[i, j], nums[i, j], dens[i, j] = np.nan, 0.0, 0.0
 
     def _harvest(self, due: Mapping[int, list[str]]) -> None:
-        """Queries whose clicks are final (their implicit attribution is over) into their
-        partition's position-bias harvest, once each (`debias.propensity`); the partition's
-        pair sums go with its next checkpoint."""
+        """Queries whose clicks are final (their implicit attribution is over) into the
+        position-bias harvest, once each (`debias.propensity`); what they add to the pair
+        sums goes to their partition's, stored with its next checkpoint."""
         for p, qids in due.items():
             ps = self.partitions.get(p)
-            if ps is None or ps.harvester is None:
+            if ps is None or ps.pair_sums is None or self.harvester is None:
                 continue
+            before = self.harvester.sums.to_vector()
             for qid in qids:
                 record = ps.records.get(qid)
                 if record is not None and record.impression is not None:
-                    ps.harvester.observe(record.impression.query_hash, record.impression.results,
-                                         set(record.clicked), record.implicit)
+                    self.harvester.observe(record.impression.query_hash, record.impression.results,
+                                           set(record.clicked), record.implicit)
             with self.lock:
-                ps.ab[PAIRS] = ps.harvester.sums.to_vector()
+                ps.pair_sums = ps.pair_sums + (self.harvester.sums.to_vector() - before)
+                ps.ab[PAIRS] = ps.pair_sums
                 ps.dirty_ab.add(PAIRS)
 
     def look_at_position_bias(self, estimate_here: bool) -> None:
