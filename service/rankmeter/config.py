@@ -125,7 +125,10 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     ranks: int = 10               # propensities estimated for ranks 1..ranks
     max_weight: float = 10.0      # IPW clip: a click counts at most this many times
     min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
-    capacity: int = 50_000        # (query, document) entries harvested per partition
+    capacity: int = 50_000        # (query, document) entries in each process's harvest table
+    # The share of queries harvested (by a hash of query_id): the estimate needs thousands,
+    # not every one, and harvesting costs about 85 µs a query.
+    harvest_share: float = 0.25
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -337,6 +340,8 @@ def _check(s: Settings) -> None:
         fail("debias.ranks", "must be between 1 and 100")
     if s.debias.max_weight < 1:
         fail("debias.max_weight", "must be at least 1")
+    if not 0 < s.debias.harvest_share <= 1:
+        fail("debias.harvest_share", "must be in (0, 1]")
     if s.debias.min_pairs < 1 or s.debias.capacity < 1:
         fail("debias.min_pairs" if s.debias.min_pairs < 1 else "debias.capacity", "must be at least 1")
     if s.kafka.max_poll_records < 1:

@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
@@ -33,7 +34,7 @@ from rankmeter.checkpoint import Checkpoint
 from rankmeter.config import Evaluation, Settings, duration_ms, time_ms
 from rankmeter.debias import ipw
 from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate, merge
-from rankmeter.engine import ONLINE_SIGNALS, Measure, QueryState, evaluate, evaluate_online, parse_all, stack
+from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
 from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Impression, Rejected
 from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
 from rankmeter.source import Record
@@ -164,6 +165,10 @@ class Pipeline:
         # One harvest table for every partition held: a query text's impressions are spread
         # over partitions (keyed by query_id), and its pooled ideal needs them together.
         self.harvester = self._new_harvester()
+        self._ideals: dict[tuple[str, int], float | None] = {}  # (query text, depth) -> pooled ideal DCG
+        # Queries harvested: those whose query_id hashes below this share (a deterministic
+        # sample, the same on every replica and however the stream is batched).
+        self.harvest_below = int(settings.debias.harvest_share * 2 ** 32)
         self.level = settings.evaluation.relevance_level
         self.max_events = settings.limits.max_events_per_query
         self.max_results = settings.limits.max_results
@@ -254,6 +259,7 @@ class Pipeline:
                 # The table may hold counts of a batch that was never stored (a store
                 # failure, a takeover): start it afresh, the pair sums are what persists.
                 self.harvester = self._new_harvester()
+                self._ideals = {}
             if not state.history or state.history[-1] != self.layout.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.
@@ -571,7 +577,8 @@ class Pipeline:
         record.ab_experiment = self._enrol(record)
         changed[key] = None
         ps = self.partitions[key.partition]
-        if ps.pair_sums is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT:
+        if ps.pair_sums is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT \
+                and zlib.crc32(key.query_id.encode()) < self.harvest_below:
             heapq.heappush(ps.harvest_queue, (impression.timestamp_ms + self.attribution.implicit_ms, key.query_id))
         count = self._counts.setdefault(key.partition, Counter())
         for fb_outcome, _ in waiting:
@@ -651,8 +658,7 @@ class Pipeline:
         for i, (m, ratio) in enumerate(ratios.items()):   # in the layout's order: measures, then signals
             values[:, i], nums[:, i], dens[:, i] = m.values(ratio), ratio.num, ratio.den
         if self.debiased:  # ... then the debiased measures
-            self._debiased_values(keys, records, values[:, len(ratios):], nums[:, len(ratios):],
-                                  dens[:, len(ratios):])
+            self._debiased_values(records, values[:, len(ratios):], nums[:, len(ratios):], dens[:, len(ratios):])
         self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
         self._move_interleaving(keys, records)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
@@ -682,33 +688,42 @@ class Pipeline:
         d = self.settings.debias
         return Harvester(d.ranks, d.capacity) if self.debiased else None
 
-    def _debiased_values(self, keys: list[_Touched], records: list[QueryRecord], values: np.ndarray,
-                         nums: np.ndarray, dens: np.ndarray) -> None:
+    def _debiased_values(self, records: list[QueryRecord], values: np.ndarray, nums: np.ndarray,
+                         dens: np.ndarray) -> None:
         """The IPW variants (debias/ipw.py), in place: each query's implicit grades times
-        the clipped inverse propensity of their rank, through the same engine (DCG@k).
-        nDCG@k divides by the ideal DCG@k of the query text's pooled debiased grades
-        (`Harvester.ideal_dcg`), the same whichever ranker answered: a list's own ideal
-        would cancel the weights. Without a pooled ideal (a text not harvested here yet)
-        the query has no value. Explicit judgments are left out: they carry no position
-        bias, and the raw series has them."""
-        relative, cap = self.propensities.relative, self.settings.debias.max_weight
-        states = [QueryState.from_grades(r.impression.results,
-                                         ipw.grades(r.impression.results, r.implicit, relative, max_weight=cap),
-                                         self.level, shown_grade=0) for r in records]
-        dcgs = evaluate(list(dict.fromkeys(Measure("DCG", m.cutoff) for m in self.debiased)), stack(states))
-        weights = ipw.weights(relative, self.settings.debias.ranks, cap)
-        for j, m in enumerate(self.debiased):
-            dcg = dcgs[Measure("DCG", m.cutoff)].num
-            if m.family == "DCG":
-                values[:, j], nums[:, j], dens[:, j] = dcg, dcg, 1.0
-                continue
-            for i, r in enumerate(records):
-                ideal = self.harvester.ideal_dcg(r.impression.query_hash, weights, int(m.cutoff)) \
-                    if self.harvester is not None and r.impression.query_hash else None
+        the clipped inverse propensity of their rank, DCG@k as the engine computes it
+        (`ipw.dcg_of`, checked against it: tests/test_propensity.py). nDCG@k divides by the
+        ideal DCG@k of the query text's pooled debiased grades (`Harvester.ideal_dcg`), the
+        same whichever ranker answered: a list's own ideal would cancel the weights.
+        Without a pooled ideal (a text not harvested yet) the query has no value.
+        Explicit judgments are left out: they carry no position bias, and the raw series
+        has them."""
+        depth = max(int(m.cutoff) for m in self.debiased)
+        weights = ipw.weights(self.propensities.relative, max(depth, self.settings.debias.ranks),
+                              self.settings.debias.max_weight)
+        for i, r in enumerate(records):
+            implicit, impression = r.implicit, r.impression
+            gains = [implicit.get(doc, 0.0) * w for doc, w in zip(impression.results[:depth], weights)]
+            for j, m in enumerate(self.debiased):
+                k = int(m.cutoff)
+                dcg = ipw.dcg_of(gains, k)
+                if m.family == "DCG":
+                    values[i, j], nums[i, j], dens[i, j] = dcg, dcg, 1.0
+                    continue
+                ideal = self._ideal(impression.query_hash, weights, k)
                 if ideal:
-                    values[i, j], nums[i, j], dens[i, j] = dcg[i] / ideal, dcg[i], ideal
+                    values[i, j], nums[i, j], dens[i, j] = dcg / ideal, dcg, ideal
                 else:
                     values[i, j], nums[i, j], dens[i, j] = np.nan, 0.0, 0.0
+
+    def _ideal(self, query: str, weights: list[float], depth: int) -> float | None:
+        """The query text's pooled ideal DCG, cached until its pool or the propensities change."""
+        if self.harvester is None or not query:
+            return None
+        key = (query, depth)
+        if key not in self._ideals:
+            self._ideals[key] = self.harvester.ideal_dcg(query, weights, depth)
+        return self._ideals[key]
 
     def _harvest(self, due: Mapping[int, list[str]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
@@ -724,6 +739,8 @@ class Pipeline:
                 if record is not None and record.impression is not None:
                     self.harvester.observe(record.impression.query_hash, record.impression.results,
                                            set(record.clicked), record.implicit)
+                    for m in self.debiased:
+                        self._ideals.pop((record.impression.query_hash, int(m.cutoff)), None)
             with self.lock:
                 ps.pair_sums = ps.pair_sums + (self.harvester.sums.to_vector() - before)
                 ps.ab[PAIRS] = ps.pair_sums
@@ -756,6 +773,8 @@ class Pipeline:
                 return
             found = Propensities(relative, support, 0)
         with self.lock:
+            if found.relative != self.propensities.relative:
+                self._ideals = {}  # weighed anew
             self.propensities = found
 
     def _experiment(self) -> str | None:

@@ -25,7 +25,8 @@ TUNED, DEGRADED = (r.name for r in DEFAULT_RANKERS)
 QUERIES = 12_000   # one every 0.5 s of event time: 100 minutes
 LEARN_MINUTES = 70
 ENV = {"RANKMETER_WINDOWS_ATTRIBUTION": "5m", "RANKMETER_WINDOWS_GRACE": "1m",
-       "RANKMETER_WINDOWS_JUDGMENTS": "10m", "RANKMETER_WINDOWS_SIZES": "5m,30m,1h"}
+       "RANKMETER_WINDOWS_JUDGMENTS": "10m", "RANKMETER_WINDOWS_SIZES": "5m,30m,1h",
+       "RANKMETER_DEBIAS_HARVEST_SHARE": "1"}   # two searches a second: harvest them all
 
 
 def debiased(metrics: dict, ranker: str, window: str = "30m") -> float:
