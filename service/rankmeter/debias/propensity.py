@@ -54,7 +54,11 @@ whatever ranks the document was shown at. `ideal_dcg(q, w)` is the DCG of the qu
 r̂ sorted descending (documents with at least `min_support` graded impressions): the same
 for every ranker, unlike the engine's per-list ideal, in which one click's IPW weight
 cancels. An impression's DCG of its IPW grades (`ipw.dcg`) over it is the debiased nDCG.
-A per-query index (query → its documents) makes it O(documents of the query).
+A per-query index (query → its documents) makes it O(documents of the query). Measured
+(docs/benchmarks.md, "Position-bias correction"): with ≥ 10 graded impressions per document,
+it ranks the simulator's two rankers right in 39–40 of 40 seeds on every position-based
+curve; the edge rules there (None: not judged; a query with an ideal and no click: 0).
+The table is not checkpointed: after a restart the ideals come back as the harvest does.
 
 Assumption (the paper's): the rank a document gets does not depend on the user who will
 click — true across rankers of an A/B split and for score noise; not for personalised
