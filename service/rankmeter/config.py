@@ -125,7 +125,7 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     ranks: int = 10               # propensities estimated for ranks 1..ranks
     max_weight: float = 10.0      # IPW clip: a click counts at most this many times
     min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
-    capacity: int = 50_000        # (query, document) entries in each process's harvest table
+    capacity: int = 50_000        # (query text, document) entries in each process's harvest table
     # The share of queries harvested (by a hash of query_id): the estimate needs thousands,
     # not every one, and harvesting costs about 85 µs a query.
     harvest_share: float = 0.25
@@ -336,6 +336,9 @@ def _check(s: Settings) -> None:
     for m in debiased:
         if m.family not in ("nDCG", "DCG") or dict(m.params).get("dcg", "log2") != "log2" or m.cutoff is None:
             fail("debias.measures", f"{m}: only nDCG@k and DCG@k (with a cut-off, linear gains) have an IPW variant")
+        elif m.cutoff > s.debias.ranks:
+            fail("debias.measures", f"{m}: the cut-off is beyond debias.ranks ({s.debias.ranks}), "
+                                    f"the ranks whose propensities are estimated")
     if not 1 <= s.debias.ranks <= 100:
         fail("debias.ranks", "must be between 1 and 100")
     if s.debias.max_weight < 1:

@@ -57,7 +57,9 @@ CACHE_LIMIT = 200_000       # query records kept in memory per partition
 HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
 HISTORY_KEEP = 20_000         # ... for two weeks
 IPW = "ipw:"                  # layout names of the debiased measures: ipw:nDCG@10
-PAIRS = "propensity\x1fpairs"  # a partition's harvested pair sums (debias/), with its A/B sums
+# A partition's harvested pair sums (debias/), with its A/B sums; three parts, as an
+# experiment's fields, so that a version without debias skips it (a rollback is safe).
+PAIRS = "propensity\x1f\x1fpairs"
 HARVEST_QUEUE_LIMIT = 100_000  # queries waiting per partition to be harvested; past it, new
                                # ones are not harvested (a sample: the estimate needs no more)
 
@@ -256,10 +258,6 @@ class Pipeline:
                 size = 2 * self.settings.debias.ranks ** 2
                 state.pair_sums = stored_pairs if stored_pairs is not None and len(stored_pairs) == size \
                     else np.zeros(size)
-                # The table may hold counts of a batch that was never stored (a store
-                # failure, a takeover): start it afresh, the pair sums are what persists.
-                self.harvester = self._new_harvester()
-                self._ideals = {}
             if not state.history or state.history[-1] != self.layout.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.
@@ -316,6 +314,11 @@ class Pipeline:
                     self._unsure.pop(p, None)  # another owner may replay and count that batch
             if 0 in partitions:  # the experiments' statistics are exported by partition 0's holder
                 self.ab_result, self.interleaving_result = None, []
+        if reclaiming:
+            # After a store failure the harvest table may hold a batch that was never stored
+            # (and will be replayed): start it afresh; the stored pair sums are what counts.
+            # A rebalance keeps it: every batch harvested before it was stored.
+            self.harvester, self._ideals = self._new_harvester(), {}
         log.info("partitions revoked", extra={"partitions": partitions})
 
     # ---- one batch ----
@@ -695,9 +698,13 @@ class Pipeline:
         (`ipw.dcg_of`, checked against it: tests/test_propensity.py). nDCG@k divides by the
         ideal DCG@k of the query text's pooled debiased grades (`Harvester.ideal_dcg`), the
         same whichever ranker answered: a list's own ideal would cancel the weights.
-        Without a pooled ideal (a text not harvested yet) the query has no value.
+        Without a pooled ideal (a text not harvested yet), or before the first estimate
+        of the propensities, the query has no value.
         Explicit judgments are left out: they carry no position bias, and the raw series
         has them."""
+        if self.propensities.relative[0] is None:
+            values[:], nums[:], dens[:] = np.nan, 0.0, 0.0  # nothing to weigh with yet: no value
+            return
         depth = max(int(m.cutoff) for m in self.debiased)
         weights = ipw.weights(self.propensities.relative, max(depth, self.settings.debias.ranks),
                               self.settings.debias.max_weight)
