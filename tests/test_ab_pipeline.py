@@ -158,3 +158,13 @@ def test_a_configuration_change_starts_a_new_experiment():
     assert sum(a.queries for a in look.arms) == impressions_after   # a new experiment: only these
     assert look.experiment != first.ab_result.experiment and {c.metric for c in look.comparisons} <= {"P@1", *[
         "CTR", "Abandonment", "Clicks", "FirstClickRank"]}
+
+
+def test_turning_debias_on_or_off_keeps_the_experiment():
+    """The debiased measures are outside the A/B layout: same experiment, same sums."""
+    start = NOW_MS - 600_000
+    names = set()
+    for measures in ("", "nDCG@10", "nDCG@10,DCG@10"):
+        settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_DEBIAS_MEASURES": measures})
+        names.add(Pipeline(settings, MemoryStore(), lambda r, why: None)._experiment())
+    assert len(names) == 1

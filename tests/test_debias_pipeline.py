@@ -41,10 +41,12 @@ class Clock:
 
 def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions: int = 2,
              batch_sizes: list[int] | None = None, store: MemoryStore | None = None,
-             settings: config.Settings = SETTINGS) -> tuple[Pipeline, Simulator, MemoryStore]:
+             settings: config.Settings = SETTINGS, switch: tuple[int, config.Settings] | None = None
+             ) -> tuple[Pipeline, Simulator, MemoryStore]:
     """`queries` searches, one every 0.5 s of event time; each event reaches the bus at its
     own time (feedback after its impression, as it happens live), and the pipeline reads
-    every 10 s of event time, in batches of `batch_sizes` (cycled)."""
+    every 10 s of event time, in batches of `batch_sizes` (cycled). `switch`: (at query n,
+    settings) restarts the pipeline on the same store with other settings."""
     sim = Simulator(seed=seed, examination=examination, track_examination=True, judgment_share=0.0,
                     duplicate_share=0.0, disorder=0.0, purchase_cap_s=240, run_id="t")
     store = store or MemoryStore()
@@ -57,6 +59,11 @@ def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions
     sent = 0
     for q in range(queries):
         now_ms = START_MS + q * 500
+        if switch is not None and q == switch[0]:  # a restart with another configuration
+            settings = switch[1]
+            pipeline = Pipeline(settings, store, lambda r, why: None, clock)
+            bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign,
+                          pipeline.revoke)
         for event in sim.query_events(now_ms, q * 0.5):
             heapq.heappush(waiting, (event.timestamp_ms, sent, topics[event.stream], event.key,
                                      json.dumps(event.value).encode()))
@@ -187,3 +194,19 @@ def test_a_rebalance_keeps_the_pooled_table_a_store_failure_starts_it_afresh():
     assert len(pipeline.harvester.entries) == 0
     for p in (0, 1):
         np.testing.assert_array_equal(pipeline.partitions[p].pair_sums, np.frombuffer(store.load_ab([p])[p][PAIRS]))
+
+
+def test_turning_debias_on_with_open_queries_changes_no_raw_sum():
+    """Debias off for the first 20 minutes, then a restart with it on while queries are
+    open: every raw sum is what it would have been with debias on all along (the
+    debiased columns are new columns of the layout, nothing else moves), and the
+    debiased series starts."""
+    off = config.load(None, {**ENV, "RANKMETER_DEBIAS_MEASURES": ""})
+    switched, _, _ = simulate(seed=8, queries=6_000, settings=off, switch=(2_400, SETTINGS))
+    always, _, _ = simulate(seed=8, queries=6_000)
+    for a, b in zip(switched.views(), always.views()):
+        assert (a.ranker, a.window) == (b.ranker, b.window)
+        for metric, sums in b.sums.items():
+            if not metric.startswith(IPW):
+                assert a.sums[metric] == pytest.approx(sums, abs=1e-9), metric
+        assert a.sums[IPW + "nDCG@10"].count > 0

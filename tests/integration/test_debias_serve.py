@@ -8,6 +8,7 @@ the rankers that the raw click nDCG@10 compresses seven-fold."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 
@@ -73,7 +74,10 @@ def test_propensities_converge_and_debiased_ndcg_tracks_the_truth(services, tmp_
         serve.wait_for_events(len(events), seconds=240)
         wait_until(lambda: len(propensities(serve.metrics())) == 10, 60, "every rank's propensity")
         metrics = serve.metrics()
+        text = serve.metrics_text()
     producer.close()
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
 
     true = sim.true_examination()
     true = true / true[0]
