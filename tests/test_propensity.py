@@ -337,11 +337,11 @@ def test_eviction_keeps_the_per_query_index_consistent(log, capacity):
             entered.pop(shadow.pop(0))
     assert set(shadow) == survivors
     for i, (q, shown, implicit) in enumerate(log):
-        kept = [d for d in shown if (q, d) in survivors and entered[q, d] <= i]
-        if implicit is not None or kept:
-            # Only the survivors, from when they last entered: same ranks as in the log.
-            mask = [d if (q, d) in survivors and entered[q, d] <= i else f"gone{j}" for j, d in enumerate(shown)]
-            replay.observe(q, mask, set(), implicit)
+        # Only the survivors, from when they last entered, at the ranks they had (repeats
+        # dropped first, as observe does, so the stand-ins do not shift a rank).
+        mask = [d if (q, d) in survivors and entered[q, d] <= i else f"gone{j}"
+                for j, d in enumerate(dict.fromkeys(shown))]
+        replay.observe(q, mask, set(), implicit)
     for q in QUERIES:
         got, want = h.ideal_dcg(q, w), replay.ideal_dcg(q, w)
         assert (got is None) == (want is None)
