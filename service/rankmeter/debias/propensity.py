@@ -58,7 +58,7 @@ A per-query index (query → its documents) makes it O(documents of the query). 
 (docs/benchmarks.md, "Position-bias correction"): with ≥ 10 graded impressions per document,
 it ranks the simulator's two rankers right in 39–40 of 40 seeds on every position-based
 curve; the edge rules there (None: not judged; a query with an ideal and no click: 0).
-The table is not checkpointed: after a restart the ideals come back as the harvest does.
+The Harvester persists nothing itself: keeping its table across restarts is the caller's.
 
 Assumption (the paper's): the rank a document gets does not depend on the user who will
 click — true across rankers of an A/B split and for score noise; not for personalised
