@@ -28,7 +28,11 @@ VARIABLES = {"ranker": ".*", "window": "1h", "metric": "nDCG@10", "baseline": "b
 # An experiment for the A/B dashboard: the simulator's two rankers, 50/50; statistics from
 # 50 queries an arm so that they exist within the test's 15 seconds of traffic.
 EXPERIMENT = {"RANKMETER_AB_BASELINE": "bm25-tuned", "RANKMETER_AB_SPLIT": "bm25-tuned=0.5,bm25-degraded=0.5",
-              "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_START": str(int(time.time() * 1000) - 3_600_000)}
+              "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_START": str(int(time.time() * 1000) - 3_600_000),
+              # Position-bias panels: clicks final after 2 s (not 30 min), every query harvested,
+              # propensities from 10 harvested pairs a rank, so that they exist within 15 s.
+              "RANKMETER_WINDOWS_ATTRIBUTION": "2s", "RANKMETER_WINDOWS_GRACE": "0s",
+              "RANKMETER_DEBIAS_HARVEST_SHARE": "1", "RANKMETER_DEBIAS_MIN_PAIRS": "10"}
 
 
 def substitute(expr: str) -> str:
@@ -100,7 +104,8 @@ def test_every_panel_query_parses_and_returns_data(kafka_bootstrap, redis_url, p
         # The service looks at the experiment every 5 s; wait until Prometheus has scraped every
         # A/B series the dashboard draws (the SRM p-value last: it needs both arms' counts).
         for name in ("rankmeter_ab_p_value", "rankmeter_ab_ci_upper", "rankmeter_ab_queries",
-                     "rankmeter_ab_judged_share", "rankmeter_ab_srm_p_value"):
+                     "rankmeter_ab_judged_share", "rankmeter_ab_srm_p_value", "rankmeter_propensity",
+                     'rankmeter_debiased_quality{metric="nDCG@10", window="1h", average="macro"}'):
             wait_until(lambda name=name: api(prometheus, "/api/v1/query", query=name)["data"]["result"], 30,
                        f"{name} to be scraped")
 
