@@ -25,7 +25,7 @@ from typing import TextIO
 from rankmeter import alerts
 from rankmeter.clock import EventClock
 from rankmeter.config import Settings, duration_ms
-from rankmeter.pipeline import Pipeline
+from rankmeter.pipeline import IPW, Pipeline
 from rankmeter.serve import run
 from rankmeter.simulator.traffic import Event, Simulator
 from rankmeter.source import Bus, Source
@@ -45,20 +45,22 @@ def value(view: WindowView, metric: str, average: str) -> float:
 def render(views: list[WindowView], window: str, header: str, baseline: str | None = None,
            truth: dict[str, dict[str, float]] | None = None) -> str:
     """A table per ranker of one window, the baseline first with the others' differences
-    to it; with `truth`, a last column of true nDCG@10 (the simulator's hidden grades)."""
+    to it; with `truth` (the demo), the position-bias-corrected nDCG@10 and a last column
+    of true nDCG@10 (the simulator's hidden grades)."""
     rows = sorted((v for v in views if v.window == window and v.segment == ""),
                   key=lambda v: (v.ranker != baseline, v.ranker))
-    names = [c for c, _ in COLUMNS]
+    columns = COLUMNS + ([(IPW + "nDCG@10", "macro")] if truth is not None else [])
+    names = [c.replace(IPW, "ipw ") for c, _ in columns]
     lines = [header, "",
              f"{'ranker':<18}{'queries':>9}" + "".join(f"{n[:11]:>12}" for n in names)
              + (f"{'true nDCG@10':>14}" if truth is not None else "")]
     for v in rows:
         true = f"{truth.get(v.ranker, {}).get('nDCG@10', float('nan')):>14.4f}" if truth is not None else ""
         lines.append(f"{v.ranker:<18}{int(v.queries_all):>9}"
-                     + "".join(f"{value(v, m, a):>12.4f}" for m, a in COLUMNS) + true)
+                     + "".join(f"{value(v, m, a):>12.4f}" for m, a in columns) + true)
     base = rows[0] if rows and rows[0].ranker == baseline else None
     for other in rows[1:] if base else []:
-        deltas = "".join(f"{value(other, m, a) - value(base, m, a):>+12.4f}" for m, a in COLUMNS)
+        deltas = "".join(f"{value(other, m, a) - value(base, m, a):>+12.4f}" for m, a in columns)
         lines.append(f"{'Δ vs ' + baseline:<27}{deltas}   ({other.ranker} − {baseline})")
     return "\n".join(lines)
 
