@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-alerts demo demo-full clean
+.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-debias-cost bench-alerts demo demo-full clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
@@ -51,6 +51,7 @@ bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_freshness.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_soak.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_replicas.py
+	@$(BIN)/python bench/bench_debias_cost.py
 	@$(BIN)/python bench/summary.py
 
 # Each on its own (docs/benchmarks.md): the scrape needs no services, freshness needs them.
@@ -68,6 +69,10 @@ bench-replicas: venv
 
 bench-summary:
 	@$(BIN)/python bench/summary.py
+
+# Position-bias correction: the estimator's costs and the pipeline's µs per event with it off and on.
+bench-debias-cost: venv
+	$(BIN)/python bench/bench_debias_cost.py
 
 # Alert quality on a simulated week per seed (about 15 minutes each): docs/benchmarks.md.
 bench-alerts: venv

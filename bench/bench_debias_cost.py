@@ -7,9 +7,12 @@ position-based synthetic traffic (Zipf query texts, 10 results a query, one or t
 Prints, one line each: µs per closed query for `Harvester.observe` (with the implicit
 grades, as the pipeline calls it, and without: the harvest alone), ms per `estimate` (the
 AllPairs EM on the K×K sums), µs per `ideal_dcg` (the pooled ideal of one query text),
-µs per `ipw.dcg` and the table's bytes per entry (tracemalloc, filling it). Times are the
-process's CPU time (`time.process_time`), so other work on a shared machine does not
-inflate them.
+µs per `ipw.dcg` and the table's bytes per entry (tracemalloc, filling it). Then the
+price per event in the pipeline: the in-memory pipeline (`Pipeline` on the `Bus` and
+`MemoryStore`, event clock) over the simulator's traffic with `debias.measures` empty and
+with the defaults, alternated `--repeats` times: µs per event each way and their ratio,
+from the same run. Times are the process's CPU time (`time.process_time`), so other work
+on a shared machine does not inflate them. Figures also go to bench/results/debias_cost.json.
 """
 
 from __future__ import annotations
@@ -21,8 +24,16 @@ import tracemalloc
 
 import numpy as np
 
+from rankmeter import config
 from rankmeter.debias import DEFAULT_CAPACITY, Harvester, dcg, estimate, grades, weights
+from rankmeter.pipeline import Pipeline
 from rankmeter.simulator.clicks import EXAMINE, pbm
+from rankmeter.simulator.traffic import Simulator
+from rankmeter.source import Bus
+from rankmeter.store import MemoryStore
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from summary import save  # noqa: E402
 
 
 def traffic(rng: np.random.Generator, n: int, texts: int, docs: int = 40):
@@ -44,11 +55,50 @@ def per_call(fn, calls: int) -> float:
     return (time.process_time() - started) / calls
 
 
+def pipeline_cost(queries: int, repeats: int, seed: int) -> tuple[float, float]:
+    """CPU µs per event of the in-memory pipeline, debias off and on (the defaults: a
+    quarter of the queries harvested), on the same simulated stream; the median of
+    `repeats` alternated runs each."""
+    sim = Simulator(seed=seed, examination="power-0.9", judgment_share=0.0, run_id="bench")
+    start_ms = 1_800_000_000_000
+    events = sorted(((e.timestamp_ms, i, e) for q in range(queries)
+                     for i, e in enumerate(sim.query_events(start_ms + q * 100, q * 0.1))),
+                    key=lambda t: (t[0], t[1]))
+    env = {"RANKMETER_WINDOWS_ATTRIBUTION": "5m", "RANKMETER_WINDOWS_GRACE": "1m",
+           "RANKMETER_WINDOWS_JUDGMENTS": "10m", "RANKMETER_WINDOWS_SIZES": "1h"}
+    off = config.load(None, {**env, "RANKMETER_DEBIAS_MEASURES": ""})
+    on = config.load(None, env)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeats):
+        for name, settings in (("off", off), ("on", on)):
+            now = [start_ms / 1000]
+            bus = Bus(partitions=4)
+            pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, lambda: now[0])
+            bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic],
+                          pipeline.assign, pipeline.revoke)
+            topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
+            for ts, _, e in events:
+                bus.send(topics[e.stream], e.key.encode(), __import__("json").dumps(e.value).encode(), timestamp_ms=ts)
+            started, n, batches = time.process_time(), 0, 0
+            while records := bus.poll(0, 1000):
+                now[0] = max(r.timestamp for r in records) / 1000
+                pipeline.process(records)
+                n += len(records)
+                batches += 1
+                if batches % 20 == 0:  # serve looks every 5 s: here every 20,000 events
+                    pipeline.look_at_position_bias(estimate_here=True)
+            times[name].append((time.process_time() - started) / n)
+    return float(np.median(times["off"])), float(np.median(times["on"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queries", type=int, default=20_000, help="closed queries timed")
     parser.add_argument("--texts", type=int, default=20_000, help="distinct query texts")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pipeline-queries", type=int, default=40_000,
+                        help="simulated searches through the pipeline (one every 0.1 s of event time)")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
@@ -97,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ipw.dcg:                {dcg_s * 1e6:8.1f} µs/query")
     print(f"table:                  {table_bytes / len(h.entries):8.0f} bytes/entry "
           f"({table_bytes / 2**20:.1f} MiB at capacity)")
+    off, on = pipeline_cost(args.pipeline_queries, args.repeats, args.seed)
+    print(f"pipeline, debias off:   {off * 1e6:8.1f} µs/event")
+    print(f"pipeline, debias on:    {on * 1e6:8.1f} µs/event ({on / off:.2f}× off, {(on - off) * 1e6:.1f} µs/event more)")
+    save("debias_cost", {"observe_us_per_query": with_grades * 1e6, "estimate_ms": estimate_s * 1e3,
+                         "ideal_dcg_us": ideal_s * 1e6, "table_bytes_per_entry": table_bytes / len(h.entries),
+                         "pipeline_us_per_event_off": off * 1e6, "pipeline_us_per_event_on": on * 1e6,
+                         "pipeline_ratio_on_off": on / off})
     return 0
 
 

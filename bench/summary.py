@@ -152,6 +152,13 @@ def rows(r: dict[str, dict]) -> list[tuple[str, str, str, str]]:
             "measured" if len(rates) >= 3 else None, "bench_replicas")
     if not _get(rep, "backends"):
         row("scaling 1–3 replicas, CPU split", "—", None, "bench_replicas")
+
+    dc = r.get("debias_cost")
+    on, off = _get(dc, "pipeline_us_per_event_on"), _get(dc, "pipeline_us_per_event_off")
+    row("position-bias correction's cost per event (issue 11; measured, no numeric target)",
+        "—" if on is None else f"{on - off:.1f} µs/event more ({on / off:.2f}× the in-memory pipeline); "
+        f"harvest {_get(dc, 'observe_us_per_query'):.0f} µs/query, estimate {_get(dc, 'estimate_ms'):.0f} ms",
+        None if on is None else "measured", "bench_debias_cost")
     return out
 
 

@@ -724,7 +724,10 @@ class Pipeline:
                     values[i, j], nums[i, j], dens[i, j] = np.nan, 0.0, 0.0
 
     def _ideal(self, query: str, weights: list[float], depth: int) -> float | None:
-        """The query text's pooled ideal DCG, cached until its pool or the propensities change."""
+        """The query text's pooled ideal DCG, cached until the propensities are looked at
+        again (every 5 s in serve): what that text's harvest adds meanwhile waits until
+        then (recomputing a popular text's ideal at each of its harvests cost more than
+        the rest of the correction)."""
         if self.harvester is None or not query:
             return None
         key = (query, depth)
@@ -746,8 +749,6 @@ class Pipeline:
                 if record is not None and record.impression is not None:
                     self.harvester.observe(record.impression.query_hash, record.impression.results,
                                            set(record.clicked), record.implicit)
-                    for m in self.debiased:
-                        self._ideals.pop((record.impression.query_hash, int(m.cutoff)), None)
             with self.lock:
                 ps.pair_sums = ps.pair_sums + (self.harvester.sums.to_vector() - before)
                 ps.ab[PAIRS] = ps.pair_sums
@@ -780,8 +781,7 @@ class Pipeline:
                 return
             found = Propensities(relative, support, 0)
         with self.lock:
-            if found.relative != self.propensities.relative:
-                self._ideals = {}  # weighed anew
+            self._ideals = {}  # weighed anew, with the harvest since the last look
             self.propensities = found
 
     def _experiment(self) -> str | None:
