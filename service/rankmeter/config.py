@@ -127,7 +127,7 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
     capacity: int = 50_000        # (query text, document) entries in each process's harvest table
     # The share of queries harvested (by a hash of query_id): the estimate needs thousands,
-    # not every one, and harvesting costs about 85 µs a query.
+    # not every one, and harvesting costs about 40 µs a query.
     harvest_share: float = 0.25
 
 

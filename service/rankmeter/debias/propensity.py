@@ -76,7 +76,7 @@ import numpy as np
 from rankmeter.debias.ipw import dcg_of
 
 DEFAULT_RANKS = 10         # K: propensities for ranks 1..K
-DEFAULT_CAPACITY = 50_000  # (query, document) entries per partition: ≈ 50,000 × 2K floats
+DEFAULT_CAPACITY = 50_000  # (query, document) entries per process: about 1 KB each
 DEFAULT_MIN_PAIRS = 100    # harvested (q, d) pairs a rank needs for an estimate
 DEFAULT_MIN_SUPPORT = 10   # graded impressions a document needs to enter a pooled ideal
 # Rows of an entry, each per rank: impressions, clicks, Σ implicit grade, graded impressions.
@@ -145,7 +145,7 @@ class Harvester:
         self.sums = PairSums.zeros(ranks)
         # (query, doc) -> [4, K]: the rows SHOWN, CLICKED, GRADE, GRADED per rank. Ordered
         # by last impression, least recent first: the eviction order.
-        self.entries: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.entries: OrderedDict[tuple[str, str], list[list[float]]] = OrderedDict()
         # query -> its documents in the table (a dict as an ordered set), kept with `entries`.
         self.by_query: dict[str, dict[str, None]] = {}
         self.evicted = 0
@@ -160,33 +160,38 @@ class Harvester:
         is pooled for this query."""
         clicks, pairs = self.sums
         docs = self.by_query.setdefault(query, {})
+        k_all = range(self.ranks)
         # A repeated id keeps its first rank, as the metric engine's QueryState does.
         for rank, doc in enumerate(list(dict.fromkeys(shown))[:self.ranks]):
             key = (query, doc)
             entry = self.entries.get(key)
             if entry is None:
-                entry = self.entries[key] = np.zeros((4, self.ranks))
+                # Rows of Python floats, not an array: a query touches ten entries at a few
+                # ranks each, where numpy's per-call cost was most of the harvest's.
+                entry = self.entries[key] = [[0.0] * self.ranks for _ in range(4)]
                 docs[doc] = None
             else:
                 self.entries.move_to_end(key)
+            n, c = entry[SHOWN], entry[CLICKED]
             if grades is not None:
-                entry[GRADE, rank] += grades.get(doc, 0.0)
-                entry[GRADED, rank] += 1
+                entry[GRADE][rank] += grades.get(doc, 0.0)
+                entry[GRADED][rank] += 1
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
-            others = np.flatnonzero(entry[SHOWN])
-            others = others[others != rank]
-            new_rank = entry[SHOWN, rank] == 0
-            old_ctr = 0.0 if new_rank else entry[CLICKED, rank] / entry[SHOWN, rank]
-            entry[SHOWN, rank] += 1
-            entry[CLICKED, rank] += doc in clicked
-            if not len(others):
+            others = [k for k in k_all if n[k] and k != rank]
+            new_rank = n[rank] == 0
+            old_ctr = 0.0 if new_rank else c[rank] / n[rank]
+            n[rank] += 1
+            c[rank] += doc in clicked
+            if not others:
                 continue  # shown at one rank only: no pair yet
-            clicks[rank, others] += entry[CLICKED, rank] / entry[SHOWN, rank] - old_ctr
-            if new_rank:  # new pairs (rank, k') for every other rank k' it was shown at
-                pairs[rank, others] += 1
-                pairs[others, rank] += 1
-                clicks[others, rank] += entry[CLICKED, others] / entry[SHOWN, others]
+            moved = c[rank] / n[rank] - old_ctr
+            for k in others:
+                clicks[rank, k] += moved
+                if new_rank:  # a new pair (rank, k) for every other rank k it was shown at
+                    pairs[rank, k] += 1
+                    pairs[k, rank] += 1
+                    clicks[k, rank] += c[k] / n[k]
         if not docs:  # nothing shown
             del self.by_query[query]
         while len(self.entries) > self.capacity:
@@ -212,7 +217,7 @@ class Harvester:
             w[:len(given)] = given
             w[len(given):] = given[-1]
         names = list(docs)
-        table = np.stack([self.entries[(query, d)] for d in names])  # [docs, 4, K]
+        table = np.array([self.entries[(query, d)] for d in names])  # [docs, 4, K]
         graded = table[:, GRADED].sum(axis=1)
         supported = (graded >= self.min_support) & (graded > 0)
         values = table[:, GRADE] @ w
