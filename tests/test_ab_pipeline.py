@@ -163,8 +163,15 @@ def test_a_configuration_change_starts_a_new_experiment():
 def test_turning_debias_on_or_off_keeps_the_experiment():
     """The debiased measures are outside the A/B layout: same experiment, same sums."""
     start = NOW_MS - 600_000
-    names = set()
+    events, _ = experiment_stream(4, 300, start)
+    names, arms = set(), []
     for measures in ("", "nDCG@10", "nDCG@10,DCG@10"):
         settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_DEBIAS_MEASURES": measures})
-        names.add(Pipeline(settings, MemoryStore(), lambda r, why: None)._experiment())
+        store, bus = MemoryStore(), Bus(partitions=2)
+        pipeline = started(settings, store, bus)
+        feed(pipeline, bus, events)
+        names.add(pipeline._experiment())
+        arms.append({(p, f): v for p, fields in store.load_ab([0, 1]).items() for f, v in fields.items()
+                     if not f.startswith("propensity")})
     assert len(names) == 1
+    assert arms[0] and arms[0] == arms[1] == arms[2]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from rankmeter import config
-from rankmeter.debias.propensity import Propensities
+from rankmeter.debias.propensity import Harvester, Propensities
+from rankmeter.events import query_hash
 from rankmeter.pipeline import IPW, PAIRS, Pipeline
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 from rankmeter.source import Bus
@@ -41,8 +42,8 @@ class Clock:
 
 def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions: int = 2,
              batch_sizes: list[int] | None = None, store: MemoryStore | None = None,
-             settings: config.Settings = SETTINGS, switch: tuple[int, config.Settings] | None = None
-             ) -> tuple[Pipeline, Simulator, MemoryStore]:
+             settings: config.Settings = SETTINGS, switch: tuple[int, config.Settings] | None = None,
+             look: bool = True) -> tuple[Pipeline, Simulator, MemoryStore]:
     """`queries` searches, one every 0.5 s of event time; each event reaches the bus at its
     own time (feedback after its impression, as it happens live), and the pipeline reads
     every 10 s of event time, in batches of `batch_sizes` (cycled). `switch`: (at query n,
@@ -77,9 +78,10 @@ def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions
             while records := bus.poll(0, sizes[i % len(sizes)]):
                 pipeline.process(records)
                 i += 1
-            if q % 1200 == 1199:  # every 10 minutes of event time, as serve does every 5 s
+            if look and q % 1200 == 1199:  # every 10 minutes of event time, as serve does every 5 s
                 pipeline.look_at_position_bias(estimate_here=True)
-    pipeline.look_at_position_bias(estimate_here=True)
+    if look:
+        pipeline.look_at_position_bias(estimate_here=True)
     return pipeline, sim, store
 
 
@@ -210,3 +212,63 @@ def test_turning_debias_on_with_open_queries_changes_no_raw_sum():
             if not metric.startswith(IPW):
                 assert a.sums[metric] == pytest.approx(sums, abs=1e-9), metric
         assert a.sums[IPW + "nDCG@10"].count > 0
+
+
+def one_query(pipeline: Pipeline, bus: Bus, qid: str, results: list[str], clicks: list[str], ts: int) -> None:
+    topics = SETTINGS.kafka
+    bus.send(topics.impressions_topic, qid.encode(), json.dumps(
+        {"query_id": qid, "ranker": "r", "timestamp": ts, "results": results, "user_query": "tv"}).encode())
+    for doc in clicks:
+        bus.send(topics.feedback_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "action": "click", "doc_id": doc, "timestamp": ts + 1000, "event_id": f"{qid}{doc}"}
+        ).encode())
+    pipeline.process(bus.poll(0, 100))
+
+
+def test_debiased_ndcg_is_the_weighted_dcg_over_the_texts_pooled_ideal():
+    """By hand: the text was harvested ten times with d0 at rank 1, clicked (grade 1): its
+    r̂ is 1, the ideal DCG@10 1. A list with d0 at rank 3, clicked, weighs it 1 / p_3 = 4:
+    DCG 4 / log2(4) = 2, the debiased nDCG@10 2.0 (a single query can exceed 1)."""
+    clock, bus = Clock(START_MS), Bus(partitions=1)
+    pipeline = Pipeline(SETTINGS, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline.propensities = Propensities([1.0, 0.5, 0.25] + [0.1] * 7, [1000.0] * 10, 1)
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
+    one_query(pipeline, bus, "q", ["d2", "d1", "d0"], ["d0"], START_MS)
+    (view,) = [v for v in pipeline.views() if v.window == "1h"]
+    assert view.sums[IPW + "nDCG@10"].macro() == pytest.approx(2.0)
+    assert view.sums[IPW + "nDCG@10"].micro() == pytest.approx(2.0 / 1.0)
+
+
+def test_whether_a_query_counts_is_decided_before_its_clicks():
+    """q1 is shown before any estimate: it stays out of the debiased measures even when its
+    click comes after one (else clicked queries would get in and unclicked ones not); q2
+    and q3, shown after, count, without a click and with a later one."""
+    clock, bus = Clock(START_MS), Bus(partitions=1)
+    pipeline = Pipeline(SETTINGS, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    one_query(pipeline, bus, "q1", ["d0", "d1"], [], START_MS)
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1"], {"d0"}, {"d0": 1.0})
+    pipeline.propensities = Propensities([1.0] * 10, [1000.0] * 10, 1)
+    one_query(pipeline, bus, "q1", [], ["d0"], START_MS)   # q1's click
+    one_query(pipeline, bus, "q2", ["d1", "d0"], [], START_MS)
+    one_query(pipeline, bus, "q3", ["d0", "d1"], [], START_MS)
+    one_query(pipeline, bus, "q3", [], ["d0"], START_MS)   # q3's click, later
+    (view,) = [v for v in pipeline.views() if v.window == "1h"]
+    assert view.sums[IPW + "nDCG@10"].count == 2   # q2 (0) and q3 (1), not q1
+    assert view.sums[IPW + "nDCG@10"].value_sum == pytest.approx(1.0)
+    assert view.sums["CTR"].count == 3
+
+
+def test_nothing_is_debiased_before_the_first_estimate_and_each_query_is_harvested_once(monkeypatch):
+    observed: list[str] = []
+    harvested: list[str] = []
+    real_observe, real_harvest = Harvester.observe, Pipeline._harvest
+    monkeypatch.setattr(Harvester, "observe", lambda self, q, *a: (observed.append(q), real_observe(self, q, *a)))
+    monkeypatch.setattr(Pipeline, "_harvest", lambda self, due: (
+        harvested.extend(q for qids in due.values() for q in qids), real_harvest(self, due)))
+    pipeline, _, _ = simulate(seed=9, queries=1_500, look=False)
+    assert all(v.sums[IPW + "nDCG@10"].count == 0 for v in pipeline.views())
+    assert len(harvested) == len(set(harvested)) == len(observed) > 500

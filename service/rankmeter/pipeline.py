@@ -39,7 +39,7 @@ from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Impression, R
 from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
 from rankmeter.source import Record
 from rankmeter.store import FENCED, Store
-from rankmeter.windows import MINUTE_MS, BucketKey, Layout, WindowView, window_views
+from rankmeter.windows import MINUTE_MS, SLOTS, BucketKey, Layout, WindowView, window_views
 
 log = logging.getLogger("rankmeter.pipeline")
 
@@ -429,6 +429,9 @@ class Pipeline:
                 self.lost.add(p)
         if refused:
             self.revoke(refused)
+            # The table holds what the refused batch harvested, which was never stored:
+            # start it afresh, as after a store failure.
+            self.harvester, self._ideals = self._new_harvester(), {}
 
     def _sweep(self, now_ms: int) -> tuple[dict[int, list[str]], dict[int, list[str]], dict[int, list[str]]]:
         """Queries whose deadline the partition's event-time watermark has passed: closed
@@ -662,11 +665,15 @@ class Pipeline:
             values[:, i], nums[:, i], dens[:, i] = m.values(ratio), ratio.num, ratio.den
         if self.debiased:  # ... then the debiased measures
             self._debiased_values(records, values[:, len(ratios):], nums[:, len(ratios):], dens[:, len(ratios):])
+            held = self._debiased_population(records, values[:, len(ratios):])
         self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
         self._move_interleaving(keys, records)
         contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
-        previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records))
-        deltas = contributions - previous.reshape(contributions.shape)
+        previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records)).reshape(contributions.shape)
+        if self.debiased and held.any():  # in the debiased measures, no value now: keep the last
+            columns = slice(SLOTS * len(ratios), SLOTS * len(names))
+            contributions[held, columns] = previous[held, columns]
+        deltas = contributions - previous
 
         # Sum the deltas per bucket first: a batch touches few buckets and many queries.
         buckets = [(k.partition, r.ranker_label, r.segment_label, r.impression.timestamp_ms // MINUTE_MS)
@@ -722,6 +729,26 @@ class Pipeline:
                     values[i, j], nums[i, j], dens[i, j] = dcg / ideal, dcg, ideal
                 else:
                     values[i, j], nums[i, j], dens[i, j] = np.nan, 0.0, 0.0
+
+    def _debiased_population(self, records: list[QueryRecord], values: np.ndarray) -> np.ndarray:
+        """Which queries count in the debiased measures is decided once, at a query's first
+        evaluation (at its list, before any click): those with a value then (the
+        propensities estimated, its text's ideal known) count from then on, the others
+        never. Deciding again at each click would let clicked queries in and keep the
+        unclicked out, and bias the average up. Returns the queries that count but have
+        no value now (the table restarted, their text evicted): they keep their last."""
+        defined = ~np.isnan(values).any(axis=1)
+        held = np.zeros(len(records), dtype=bool)
+        for i, r in enumerate(records):
+            if r.debiased == 0:
+                # (a query evaluated before, by a version or configuration without the
+                # debiased measures, is decided at a click now: it stays out)
+                r.debiased = 1 if defined[i] and not r.contribution else 2
+            if r.debiased == 2:
+                values[i] = np.nan
+            elif not defined[i]:
+                held[i] = True
+        return held
 
     def _ideal(self, query: str, weights: list[float], depth: int) -> float | None:
         """The query text's pooled ideal DCG, cached until the propensities are looked at

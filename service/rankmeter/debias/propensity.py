@@ -28,22 +28,18 @@ State, and how it adds up:
   partition keeps its own, moved by deltas, and the estimate is made from their sum over
   partitions and replicas (`merge`). A vector form (`to_vector`/`from_vector`) is what a
   checkpoint stores.
-- `Harvester` is one partition's bounded table (query text, document) → impressions and
-  clicks per rank, and the PairSums it has contributed. When an entry changes, its
-  contribution to the sums is replaced (old out, new in), as a query's window contribution
-  is. At most `capacity` entries: the least recently shown is evicted, and its contribution
-  stays in the sums, final (its counts are frozen, still an unbiased harvest); if the pair
-  is shown again it starts a new entry. Harvesting happens within a partition: a (q, d)
-  whose impressions fall in two partitions (impressions are keyed by query_id, not by
-  query text) is two entries, each harvested on its own. That loses the pairs that only
-  span partitions, never biases the sums: popular queries, which carry the harvest, are in
-  every partition.
+- `Harvester` is a bounded table (query text, document) → impressions and clicks per
+  rank, and the PairSums it has contributed. When an entry changes, its contribution to
+  the sums is replaced (old out, new in), as a query's window contribution is. At most
+  `capacity` entries: the least recently shown is evicted, and its contribution stays in
+  the sums, final (its counts are frozen, still an unbiased harvest); if the pair is shown
+  again it starts a new entry. The pipeline keeps one per process, for every partition it
+  holds (a text's impressions are spread over partitions, keyed by query_id), and credits
+  each partition's stored sums with what its own queries' observations moved.
 
-What the pipeline will have to keep (not there today): the query text. Impressions are
-keyed by `query_id`, and `Impression` does not carry `user_query`; the record of a query
-must keep it (or a 64-bit hash of it) so that `Harvester.observe(text, shown, clicked)`
-can be called when the query closes (its attribution window over, its clicks final), once
-per query. A query without a text is not harvested.
+The pipeline harvests a query (`observe(text, shown, clicked, grades)`, the text a 64-bit
+hash of `user_query`, `events.query_hash`) once, when its clicks are final (its implicit
+attribution over); a query without a text is not harvested.
 
 The pooled ideal (for a debiased nDCG). With the implicit grades of a closed query
 (`observe(..., grades=)`), each entry also sums, per rank k, the document's grades G_k and
