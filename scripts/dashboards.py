@@ -25,12 +25,12 @@ def selector(**matchers: str) -> str:
     return ", ".join(f"{k}{v}" for k, v in labels.items() if v)
 
 
-def ratio(by: str, metric: str, **matchers: str) -> str:
+def ratio(by: str, metric: str, family: str = "rankmeter_quality", **matchers: str) -> str:
     """Σ numerator / Σ denominator of `metric` (a name, or a matcher like '=~"$metric"'):
     exact across replicas and segments."""
     sel = selector(metric=metric if metric[0] in "=!" else f'="{metric}"', **matchers)
-    return (f"sum by ({by}) (rankmeter_quality_numerator{{{sel}}})\n"
-            f"  / sum by ({by}) (rankmeter_quality_denominator{{{sel}}})")
+    return (f"sum by ({by}) ({family}_numerator{{{sel}}})\n"
+            f"  / sum by ({by}) ({family}_denominator{{{sel}}})")
 
 
 def panel(title: str, exprs: list[tuple[str, str]], x: int, y: int, w: int = 12, h: int = 8,
@@ -125,6 +125,20 @@ def overview() -> dict:
                     f'ranker=~"$ranker", window="$window"}}))', f"{{{{ranker}}}} p{int(q * 100)}") for q in (0.5, 0.1)],
                   12, 30, unit="percentunit",
                   description="Interpolated within tenths: a falling p10 with a steady median means some queries broke."),
+            panel("nDCG@10: raw clicks and position-bias corrected",
+                  [(ratio("ranker", "nDCG@10"), "{{ranker}} raw"),
+                   (ratio("ranker", "nDCG@10", family="rankmeter_debiased_quality", grading='="ipw"'),
+                    "{{ranker}} debiased")], 0, 38, unit="percentunit",
+                  description="Raw: the grades as users gave them (clicks favour the top ranks). Debiased "
+                              "(grading=\"ipw\"): each click weighted by 1 / the estimated examination of its rank, "
+                              "over the query text's pooled ideal. Compare the rankers' gap: raw click metrics "
+                              "compress it (README, \"Raw and debiased click metrics\")."),
+            panel("Examination by rank (estimated)",
+                  [("max by (rank) (rankmeter_propensity)", "rank {{rank}}")], 12, 38, kind="bargauge",
+                  unit="percentunit",
+                  description="How likely a user is to look at each rank, relative to rank 1, estimated from the "
+                              "stream (intervention harvesting across rankers): the weights of the debiased measures.",
+                  options={"displayMode": "gradient", "orientation": "vertical"}),
         ],
         variables("datasource", "ranker", "window", "metric"))
 
