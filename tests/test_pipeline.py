@@ -506,3 +506,41 @@ def test_a_batch_another_replica_replayed_is_not_counted_again_when_the_partitio
     second.revoke([0])
     bus.seek(first.assign([0]))                   # back to the first, at the same offsets
     assert sum(first.events.values()) + sum(second.events.values()) == 2
+
+
+def test_records_stored_by_the_previous_version_are_read_and_an_old_reader_refuses_new_ones():
+    """Format 1 (the contribution vector itself, as bytes) is still read: a record rewritten
+    in it moves the buckets exactly as the format-2 record (packed scores) did. A decoder of
+    the previous version refuses format 2 instead of reading it without its contribution."""
+    now_ms = int(NOW_S * 1000)
+    results = [f"d{i}" for i in range(10)]
+    events = [impression("q0", now_ms, results), click("q0", now_ms, "d3"), impression("q1", now_ms, results)]
+    later = [click("q0", now_ms, "d0"), click("q1", now_ms, "d1")]
+    reference, feed = one_partition(events)
+    feed(later)
+    store = MemoryStore()
+    first, _ = one_partition(events, store=store)
+    codec = msgspec.msgpack.Decoder(QueryRecord)
+    for qid, data in store.records[0].items():
+        record = codec.decode(data)
+        assert isinstance(record.contribution, msgspec.msgpack.Ext)  # format 2
+        vector = first._previous([record])[0]
+        store.records[0][qid] = msgspec.msgpack.encode(msgspec.structs.replace(record, contribution=vector.tobytes()))
+    # A new process on the rewritten store: nothing cached, every record read back in format 1.
+    second, feed = one_partition([], store=store)
+    feed(events + later)   # on a new bus: the first three are skipped by the stored offsets
+    assert_same(sums(second), sums(reference))
+
+    class PreviousRecord(msgspec.Struct, array_like=True):  # the fields before `contribution`, then it
+        impression: object = None
+        ranker_label: str = ""
+        segment_label: str = ""
+        implicit: dict = {}
+        explicit: dict = {}
+        clicked: list = []
+        clicks: int = 0
+        event_ids: set = set()
+        pending: list = []
+        contribution: bytes = b""
+    with pytest.raises(msgspec.ValidationError, match="Expected `bytes`, got `ext`"):
+        msgspec.msgpack.Decoder(PreviousRecord).decode(next(iter(store.records[0].values())))

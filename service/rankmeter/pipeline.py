@@ -36,7 +36,8 @@ from rankmeter.debias import ipw
 from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate, merge
 from rankmeter.engine import ONLINE_SIGNALS, QueryState, evaluate, evaluate_online, parse_all, stack
 from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Impression, Rejected
-from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete, settle
+from rankmeter.join import (SCORES, Attribution, QueryRecord, apply_feedback, apply_impression, clicks_of, complete,
+                            pack_scores, settle, unpack_scores)
 from rankmeter.source import Record
 from rankmeter.store import FENCED, Store
 from rankmeter.windows import MINUTE_MS, SLOTS, BucketKey, Layout, WindowView, window_views
@@ -202,8 +203,8 @@ class Pipeline:
         self._record_codec = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(QueryRecord))
         self._last_sweep_ms = 0
         self._last_sweep_wall = 0.0
-        self._zero = bytes(8 * self.layout.size)
         self.ab_size = ab_sums.size(self.ab_layout)
+        self._scores_bytes = 8 * (3 * len(self.layout.names) + 1)  # a record's packed scores (join.pack_scores)
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from `ab.start` on.
         self.experiment_start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
@@ -502,12 +503,13 @@ class Pipeline:
         generation = int(record.layout) if record.layout.isdigit() else -1
         if generation == current:
             return record
+        legacy = isinstance(record.contribution, bytes)  # format 1: the vector itself
         if generation < 0 or generation > current:
-            if len(record.contribution) == 8 * self.layout.size and not record.layout:
+            if legacy and len(record.contribution) == 8 * self.layout.size and not record.layout:
                 return record  # written before layouts were recorded, in this one
             record.contribution = b""
             return record
-        vector = np.frombuffer(record.contribution)
+        vector = np.frombuffer(record.contribution) if legacy else self._unpacked(record.contribution, history[generation])
         for before, after in zip(history[generation:], history[generation + 1:]):
             old, new = self._layouts.get(before), self._layouts.get(after)
             if old is None or new is None or len(vector) != old.size:
@@ -517,6 +519,47 @@ class Pipeline:
         # Its A/B contribution stays: it belongs to the experiment of the old layout.
         record.contribution = vector.tobytes()
         return record
+
+    def _unpacked(self, scores: msgspec.msgpack.Ext, fingerprint: str) -> np.ndarray:
+        """A format-2 record's contribution vector in the layout it was written in (empty
+        when that layout, or the scores, cannot be read)."""
+        layout = self._layouts.get(fingerprint)
+        m = len(layout.names) if layout is not None else 0
+        if layout is None or scores.code != SCORES or len(scores.data) != 8 * (3 * m + 1):
+            return np.empty(0)
+        return layout.contributions(*unpack_scores([scores], m))[0]
+
+    def _keep_last(self, rows: np.ndarray, columns: slice, previous: np.ndarray, values: np.ndarray,
+                   nums: np.ndarray, dens: np.ndarray) -> None:
+        """Give `rows` the value, numerator and denominator they had in `columns` (measures
+        averaged over all queries, without histogram bins: the debiased ones), read back
+        from their previous contribution: [value, counted, numerator, denominator, value²]
+        per measure, value NaN where it was not counted. The contribution rebuilt from
+        them, and the scores stored, are then the previous ones in those columns."""
+        last = previous[np.ix_(rows, range(SLOTS * columns.start, SLOTS * columns.stop))]
+        last = last.reshape(len(last), columns.stop - columns.start, SLOTS)
+        counted = last[:, :, 1] != 0
+        values[rows, columns] = np.where(counted, last[:, :, 0], np.nan)
+        nums[rows, columns] = np.where(counted, last[:, :, 2], 0.0)
+        dens[rows, columns] = np.where(counted, last[:, :, 3], 0.0)
+
+    def _previous(self, records: list[QueryRecord]) -> np.ndarray:
+        """[Q, size]: what each record adds to its window bucket now (in this layout, which
+        `_in_layout` brought it to), zero before its first evaluation. Packed scores
+        (format 2) are expanded together, in one call."""
+        previous = np.zeros((len(records), self.layout.size))
+        packed = []
+        for i, record in enumerate(records):
+            c = record.contribution
+            if isinstance(c, bytes):
+                if c:
+                    previous[i] = np.frombuffer(c)
+            elif c.code == SCORES and len(c.data) == self._scores_bytes:
+                packed.append(i)
+        if packed:
+            previous[packed] = self.layout.contributions(
+                *unpack_scores([records[i].contribution for i in packed], len(self.layout.names)))
+        return previous
 
     def _join(self, work: dict[int, list[tuple[Record, Impression | Feedback]]], now_ms: int
               ) -> tuple[dict[_Touched, QueryRecord], dict[_Touched, set[str] | None]]:
@@ -666,13 +709,13 @@ class Pipeline:
         if self.debiased:  # ... then the debiased measures
             self._debiased_values(records, values[:, len(ratios):], nums[:, len(ratios):], dens[:, len(ratios):])
             held = self._debiased_population(records, values[:, len(ratios):])
-        self._move_experiment(keys, records, values, nums, dens, batch.num_rel > 0)
+        judged = batch.num_rel > 0
+        self._move_experiment(keys, records, values, nums, dens, judged)
         self._move_interleaving(keys, records)
-        contributions = self.layout.contributions(values, nums, dens, batch.num_rel > 0)
-        previous = np.frombuffer(b"".join(r.contribution or self._zero for r in records)).reshape(contributions.shape)
+        previous = self._previous(records)
         if self.debiased and held.any():  # in the debiased measures, no value now: keep the last
-            columns = slice(SLOTS * len(ratios), SLOTS * len(names))
-            contributions[held, columns] = previous[held, columns]
+            self._keep_last(held, slice(len(ratios), len(names)), previous, values, nums, dens)
+        contributions = self.layout.contributions(values, nums, dens, judged)
         deltas = contributions - previous
 
         # Sum the deltas per bucket first: a batch touches few buckets and many queries.
@@ -681,8 +724,9 @@ class Pipeline:
         index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
         totals = np.zeros((len(index), self.layout.size))
         np.add.at(totals, [index[b] for b in buckets], deltas)
-        for record, new in zip(records, contributions):
-            record.contribution = new.tobytes()
+        # What is stored is the scores the contribution is a function of (a quarter of its size).
+        for record, scores in zip(records, pack_scores(values, nums, dens, judged)):
+            record.contribution = scores
         dirty: dict[int, set[BucketKey]] = {}
         with self.lock:
             for (p, *key), i in index.items():
