@@ -392,26 +392,24 @@ class Pipeline:
                 # windows.max_future) must not close everyone's queries early.
                 ts = min(ts, now_ms)
                 watermarks[topic] = max(watermarks.get(topic, ts), ts)
-        refused: dict[int, str] = {}
+        checkpoints = self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms)
+        # All partitions' checkpoints in one call (one round trip to Redis; each is still
+        # applied whole, or refused, on its own).
         try:
-            for checkpoint in self._checkpoints(advanced, touched, expired, dirty_buckets, now_ms):
-                # One at a time (the store runs one script per partition anyway): when the
-                # store fails midway, the partitions stored so far are counted, the rest are
-                # replayed.
-                try:
-                    refused.update(self.store.commit([checkpoint]))
-                except self.store.unavailable:
-                    # Stored or not, nobody can tell until the store answers: the claim after
-                    # recovery counts them if the last checkpoint stored is this one (its
-                    # mark: another owner's checkpoints since carry their own epoch).
-                    self._unsure[checkpoint.partition] = (checkpoint.meta["mark"],
-                                                          counts.get(checkpoint.partition, Counter()))
-                    raise
+            refused = self.store.commit(checkpoints)
+        except self.store.unavailable:
+            # Which of them were stored, nobody can tell until the store answers: the claim
+            # after recovery counts a partition's batch if the last checkpoint stored is this
+            # one (its mark: another owner's checkpoints since carry their own epoch).
+            for checkpoint in checkpoints:
+                self._unsure[checkpoint.partition] = (checkpoint.meta["mark"],
+                                                      counts.get(checkpoint.partition, Counter()))
+            raise
+        with self.lock:
+            for checkpoint in checkpoints:
                 if checkpoint.partition not in refused:
-                    with self.lock:
-                        self.events.update(counts.get(checkpoint.partition, {}))
-        finally:
-            self._drop_refused(refused)   # even when a later commit failed: never claim those again
+                    self.events.update(counts.get(checkpoint.partition, {}))
+        self._drop_refused(refused)
         for ps in self.partitions.values():
             _trim(ps.records, ps.states)
         return {(topic, p): offset for p, topics in advanced.items() if p not in refused

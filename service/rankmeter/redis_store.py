@@ -169,25 +169,54 @@ class RedisStore:
 
     def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
         # One script per partition: its keys share a slot, so it works on Redis Cluster
-        # too, and Redis runs it whole or not at all (checkpoint.py lists the steps).
-        refused = {}
-        for c in checkpoints:
-            keys = [self._key(c.partition, name) for name in ("meta", "queries", "open", "buckets", "offsets", "ab")]
-            args: list = [c.epoch, c.layout]
-            sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
-                        list(c.buckets.items()), list(c.offsets.items()),
-                        [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
-                        list(c.ab.items()))
-            for pairs in sections:
-                args.append(len(pairs))
-                args += [x for pair in pairs for x in pair]
-            for ids in (c.deleted, c.dropped_buckets, c.meta_deleted):
-                args.append(len(ids))
-                args += ids
-            outcome = self._commit(keys=keys, args=args)
-            if outcome != 1:
-                refused[c.partition] = LOST if outcome == -1 else FENCED
-        return refused
+        # too, and Redis runs it whole or not at all (checkpoint.py lists the steps). On one
+        # Redis the scripts go in one pipeline: one round trip per batch, not per partition
+        # (each still applies or is refused on its own; the caller treats a connection lost
+        # midway as every checkpoint unsure).
+        calls = [(c.partition, self._commit_keys(c.partition), self._commit_args(c)) for c in checkpoints]
+        if self.cluster:
+            outcomes = [self._commit(keys=keys, args=args) for _, keys, args in calls]
+        else:
+            outcomes = self._pipelined(calls)
+        return {p: LOST if outcome == -1 else FENCED for (p, _, _), outcome in zip(calls, outcomes) if outcome != 1}
+
+    def _pipelined(self, calls: list[tuple[int, list[str], list]]) -> list:
+        def run(todo: list[int]) -> list:
+            with self.client.pipeline(transaction=False) as pipe:
+                for i in todo:
+                    _, keys, args = calls[i]
+                    pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
+                return pipe.execute(raise_on_error=False)
+
+        outcomes = run(list(range(len(calls))))
+        # A script unknown to Redis (restarted, or SCRIPT FLUSH) did not run: load it, run those again.
+        again = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, redis.exceptions.NoScriptError)]
+        if again:
+            self.client.script_load(_COMMIT)
+            for i, outcome in zip(again, run(again)):
+                outcomes[i] = outcome
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+        return outcomes
+
+    def _commit_keys(self, partition: int) -> list[str]:
+        return [self._key(partition, name) for name in ("meta", "queries", "open", "buckets", "offsets", "ab")]
+
+    @staticmethod
+    def _commit_args(c: Checkpoint) -> list:
+        args: list = [c.epoch, c.layout]
+        sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
+                    list(c.buckets.items()), list(c.offsets.items()),
+                    [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
+                    list(c.ab.items()))
+        for pairs in sections:
+            args.append(len(pairs))
+            args += [x for pair in pairs for x in pair]
+        for ids in (c.deleted, c.dropped_buckets, c.meta_deleted):
+            args.append(len(ids))
+            args += ids
+        return args
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         partitions = list(watermarks)
