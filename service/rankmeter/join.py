@@ -6,7 +6,7 @@ Pure functions on `QueryRecord`; the pipeline loads and stores the records.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -63,6 +63,8 @@ class QueryRecord(msgspec.Struct, array_like=True):
         return judged.grade if judged is not None else self.implicit.get(doc, 0.0)
 
     def grades(self) -> dict[str, float]:
+        if not self.explicit:  # the common case: implicit grades only
+            return dict(self.implicit)
         docs = {**dict.fromkeys(self.implicit), **dict.fromkeys(self.explicit)}
         return {doc: self.grade(doc) for doc in docs}
 
@@ -199,10 +201,13 @@ def _apply(record: QueryRecord, fb: Feedback, attribution: Attribution) -> str:
 
 # ---- what the online signals are computed from (engine/online.py) -------------------
 
-def clicks_of(records: Sequence[QueryRecord]) -> Clicks:
+def clicks_of(records: Sequence[QueryRecord], rank_of: Sequence[Mapping[str, int]] | None = None) -> Clicks:
+    """`rank_of`: each record's document -> 0-based rank (QueryState.rank_of), a dict look-up
+    where `results.index` would scan the list."""
+    ranks = rank_of if rank_of is not None else [{doc: i for i, doc in enumerate(r.impression.results)} for r in records]
     return Clicks(
         shown=np.array([len(r.impression.results) for r in records], dtype=float),
         clicked=np.array([len(r.clicked) for r in records], dtype=float),
         clicks=np.array([r.clicks for r in records], dtype=float),
-        first_rank=np.array([min(r.impression.results.index(doc) for doc in r.clicked) + 1 if r.clicked else 0
-                             for r in records], dtype=float))
+        first_rank=np.array([min(map(rank.__getitem__, r.clicked)) + 1 if r.clicked else 0
+                             for r, rank in zip(records, ranks)], dtype=float))

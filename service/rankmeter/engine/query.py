@@ -63,8 +63,12 @@ class QueryState:
         known.update((doc, float(g)) for doc, g in grades.items())
         state.grades = known
         row = list(map(known.get, ranking))
-        state.row_judged = [g is not None for g in row]
-        state.row_grades = [0.0 if g is None else g for g in row]
+        if shown_grade is not None:  # every shown document has a grade (the live service's case)
+            state.row_judged = [True] * len(row)
+            state.row_grades = row
+        else:
+            state.row_judged = [g is not None for g in row]
+            state.row_grades = [0.0 if g is None else g for g in row]
         values = sorted(known.values())
         state.num_rel = len(values) - bisect.bisect_left(values, relevance_level)
         state.num_nonrel = len(values) - state.num_rel
