@@ -13,6 +13,10 @@ Streams peer (bench/quix_peer.py: the per-query join and nDCG@10 in its RocksDB 
 measured when quixstreams is installed, `.venv/bin/pip install quixstreams`). Each rate is
 counted from the first record to the last; the ratios of the medians are the figures to
 report, as the machine is shared and absolute rates drift.
+
+`--baseline DIR` (the `service/` directory of another checkout, e.g. a `git worktree` of
+main) also runs serve on both backends and the pipeline alone with that code, in the same
+rounds: a change's before and after, as ratios of one run.
 """
 
 from __future__ import annotations
@@ -148,12 +152,13 @@ def quix_peer(bootstrap: str, topics, total: int, log_dir: Path) -> float:
 
 
 def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: Path, replicas: int = 1,
-                  backend: str = "kafka-python") -> float:
-    """Events per second through `replicas` serve processes sharing one consumer group."""
+                  backend: str = "kafka-python", code: str | None = None) -> float:
+    """Events per second through `replicas` serve processes sharing one consumer group
+    (`code`: another checkout's service/ directory to run instead of this one)."""
     group, prefix = f"bench-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    processes = [Serve(bootstrap, redis_url, topics, group, prefix, {"RANKMETER_KAFKA_BACKEND": backend},
-                       log_path=log_dir / f"serve-{i}.log")
+    env = {"RANKMETER_KAFKA_BACKEND": backend, **({"PYTHONPATH": code} if code else {})}
+    processes = [Serve(bootstrap, redis_url, topics, group, prefix, env, log_path=log_dir / f"serve-{i}.log")
                  for i in range(replicas)]
     first = None
     try:
@@ -173,10 +178,19 @@ def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: P
     return (total - first_done) / elapsed
 
 
+def pipeline_alone_of(code: str, events: int) -> float:
+    """`pipeline_alone` with another checkout's code, in a process of its own."""
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import bench_serve; "
+                          "print(bench_serve.pipeline_alone(int(sys.argv[2])))", str(Path(__file__).parent), str(events)],
+                         env={**os.environ, "PYTHONPATH": code}, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--baseline", help="service/ directory of another checkout to measure beside this one")
     args = ap.parse_args()
     bootstrap = os.environ["RANKMETER_KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["RANKMETER_REDIS_URL"]
@@ -191,7 +205,8 @@ def main() -> int:
     print(f"producing {args.events} events into {topics.impressions} / {topics.feedback} ...", file=sys.stderr)
     total = produce_stream(bootstrap, topics, args.events)
     rates: dict[str, list[float]] = {k: [] for k in ("bare", "bare_confluent", "serve", "serve_confluent",
-                                                     "serve_x2", "pipeline", "quix")}
+                                                     "serve_x2", "pipeline", "quix", "serve_base",
+                                                     "serve_confluent_base", "pipeline_base")}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     print(f"logs in {logs}", file=sys.stderr)
     for i in range(args.rounds):
@@ -204,6 +219,14 @@ def main() -> int:
                                                           backend="confluent"))
         rates["serve_x2"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
         rates["pipeline"].append(pipeline_alone(min(total, 200_000)))
+        if args.baseline:
+            rates["serve_base"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-base",
+                                                     code=args.baseline))
+            if confluent:
+                rates["serve_confluent_base"].append(serve_consume(bootstrap, redis_url, topics, total,
+                                                                   logs / f"r{i}-cf-base", backend="confluent",
+                                                                   code=args.baseline))
+            rates["pipeline_base"].append(pipeline_alone_of(args.baseline, min(total, 200_000)))
         if quix:
             rates["quix"].append(quix_peer(bootstrap, topics, total, logs / f"r{i}-quix"))
         print(f"round {i + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items() if v),
@@ -228,6 +251,17 @@ def main() -> int:
         print(f"ratio_confluent={one_cf / bare_cf:.2f}")
         print(f"ratio_serve_confluent_to_kafka_python={one_cf / one:.2f}")
         print(f"ratio_bare_confluent_to_kafka_python={bare_cf / bare:.2f}")
+    if args.baseline:
+        print(f"baseline={args.baseline}")
+        print(f"baseline_serve_events_per_second={median['serve_base']:.0f}")
+        print(f"ratio_baseline={median['serve_base'] / bare:.2f}")
+        print(f"speedup_serve={one / median['serve_base']:.2f}")
+        print(f"baseline_pipeline_alone_events_per_second={median['pipeline_base']:.0f}")
+        print(f"speedup_pipeline_alone={alone / median['pipeline_base']:.2f}")
+        if confluent:
+            print(f"baseline_serve_confluent_events_per_second={median['serve_confluent_base']:.0f}")
+            print(f"ratio_confluent_baseline={median['serve_confluent_base'] / median['bare_confluent']:.2f}")
+            print(f"speedup_serve_confluent={median['serve_confluent'] / median['serve_confluent_base']:.2f}")
     if quix:
         print(f"quix_peer_events_per_second={median['quix']:.0f}")
         best = max(one, median.get("serve_confluent", 0.0))
