@@ -231,9 +231,11 @@ class KafkaSource:
             log.debug("poll failed; the client reconnects", extra={"error": type(e).__name__})
             time.sleep(timeout_ms / 1000)
             return []
-        records = [r for batch in batches.values() for r in batch]
-        for r in records:
-            self._positions[(r.topic, r.partition)] = r.offset + 1
+        records = []
+        for tp, batch in batches.items():  # each batch in offset order: its last record says where it is
+            records += batch
+            if batch:
+                self._positions[(tp.topic, tp.partition)] = batch[-1].offset + 1
         return records
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
