@@ -20,6 +20,7 @@ from rankmeter.pipeline import IPW, PAIRS, Pipeline
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
+from rankmeter.windows import Sums
 
 START_MS = 1_800_000_000_000
 TUNED, DEGRADED = (r.name for r in DEFAULT_RANKERS)
@@ -272,3 +273,29 @@ def test_nothing_is_debiased_before_the_first_estimate_and_each_query_is_harvest
     pipeline, _, _ = simulate(seed=9, queries=1_500, look=False)
     assert all(v.sums[IPW + "nDCG@10"].count == 0 for v in pipeline.views())
     assert len(harvested) == len(set(harvested)) == len(observed) > 500
+
+
+def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from_the_store():
+    """q counts with debiased nDCG@10 2.0; then its text's harvest is gone (a restarted
+    table): its later clicks leave that value as it was, whether its record is in the
+    cache or read back from the store (its stored scores hold the kept value)."""
+    clock, bus, store = Clock(START_MS), Bus(partitions=1), MemoryStore()
+    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline.propensities = Propensities([1.0, 0.5, 0.25] + [0.1] * 7, [1000.0] * 10, 1)
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
+    one_query(pipeline, bus, "q", ["d2", "d1", "d0"], ["d0"], START_MS)
+
+    def debiased() -> Sums:
+        (view,) = [v for v in pipeline.views() if v.window == "1h"]
+        return view.sums[IPW + "nDCG@10"]
+
+    assert (debiased().count, debiased().value_sum) == pytest.approx((1, 2.0))
+    pipeline.harvester, pipeline._ideals = pipeline._new_harvester(), {}
+    one_query(pipeline, bus, "q", [], ["d1"], START_MS)            # from the cache
+    assert (debiased().count, debiased().value_sum) == pytest.approx((1, 2.0))
+    pipeline.partitions[0].records.clear()
+    pipeline.partitions[0].states.clear()
+    one_query(pipeline, bus, "q", [], ["d2"], START_MS)            # read back from the store
+    assert (debiased().count, debiased().value_sum, debiased().numerator) == pytest.approx((1, 2.0, 2.0))
