@@ -299,3 +299,13 @@ def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from
     pipeline.partitions[0].states.clear()
     one_query(pipeline, bus, "q", [], ["d2"], START_MS)            # read back from the store
     assert (debiased().count, debiased().value_sum, debiased().numerator) == pytest.approx((1, 2.0, 2.0))
+    # And once its text has an ideal again, read back once more: a value again, still one query.
+    pipeline.partitions[0].records.clear()
+    pipeline.partitions[0].states.clear()
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
+    pipeline._ideals = {}
+    bus.send(SETTINGS.kafka.feedback_topic, b"q", json.dumps(
+        {"query_id": "q", "action": "click", "doc_id": "d1", "timestamp": START_MS + 2000, "event_id": "again"}).encode())
+    pipeline.process(bus.poll(0, 100))
+    assert debiased().count == pytest.approx(1)

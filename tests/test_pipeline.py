@@ -4,6 +4,7 @@ incremental updates, replays, windows, closing and orphans."""
 from __future__ import annotations
 
 import json
+import zlib
 import random
 from statistics import fmean
 
@@ -471,6 +472,11 @@ class FlakyStore(MemoryStore):
         if self.fail == "before":
             self.fail = None
             raise ConnectionError("connection reset")
+        if self.fail is not None and self.fail.startswith("after "):
+            # The connection lost midway through a pipelined commit: the first k applied.
+            k, self.fail = int(self.fail.split()[1]), None
+            super().commit(checkpoints[:k])
+            raise ConnectionError("connection reset")
         refused = super().commit(checkpoints)
         if self.fail == "after":
             self.fail = None
@@ -492,6 +498,31 @@ def test_a_batch_whose_commit_failed_is_counted_once_whether_stored_or_not(when)
         pipeline.process(records)
     assert pipeline.events == {("impressions", "applied"): 2, ("feedback", "applied"): 2}
     assert next(v for v in pipeline.views() if v.window == "5m").queries_all == 2
+
+
+@pytest.mark.parametrize("applied", [0, 1, 2, 3])
+def test_a_commit_cut_midway_counts_each_partitions_batch_once(applied):
+    """Three partitions' checkpoints in one pipelined commit, the connection lost after
+    `applied` of them ran: after the reclaim, each partition's batch is counted once,
+    whether it was stored (its mark) or replayed."""
+    now_ms = int(NOW_S * 1000)
+    store, bus = FlakyStore(), Bus(partitions=3)
+    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
+    bus.subscribe([IMPRESSIONS, FEEDBACK], pipeline.assign, pipeline.revoke)
+    qids = [f"q{i}" for i in range(12)]
+    for qid in qids:
+        for topic, event in (impression(qid, now_ms), click(qid, now_ms)):
+            bus.send(topic, qid.encode(), json.dumps(event).encode())
+    assert len({zlib.crc32(q.encode()) % 3 for q in qids}) == 3   # every partition has some
+    store.fail = f"after {applied}"
+    with pytest.raises(ConnectionError):
+        pipeline.process(bus.poll(0, 1000))
+    pipeline.revoke([0, 1, 2], reclaiming=True)   # what serve's recovery does, then a fresh claim
+    bus.seek(pipeline.assign([0, 1, 2]))
+    while records := bus.poll(0, 1000):
+        pipeline.process(records)
+    assert pipeline.events == {("impressions", "applied"): 12, ("feedback", "applied"): 12}
+    assert next(v for v in pipeline.views() if v.window == "5m").queries_all == 12
 
 
 def test_a_batch_another_replica_replayed_is_not_counted_again_when_the_partition_returns():

@@ -524,9 +524,11 @@ class Pipeline:
     def _unpacked(self, scores: msgspec.msgpack.Ext, fingerprint: str) -> np.ndarray:
         """A format-2 record's contribution vector in the layout it was written in (empty
         when that layout, or the scores, cannot be read)."""
+        if scores.code != SCORES:  # (a future format: taken as zero it would count the query twice)
+            raise ValueError(f"query record in an unknown format (msgpack ext {scores.code})")
         layout = self._layouts.get(fingerprint)
         m = len(layout.names) if layout is not None else 0
-        if layout is None or scores.code != SCORES or len(scores.data) != 8 * (3 * m + 1):
+        if layout is None or len(scores.data) != 8 * (3 * m + 1):
             return np.empty(0)
         return layout.contributions(*unpack_scores([scores], m))[0]
 
@@ -557,6 +559,8 @@ class Pipeline:
                     previous[i] = np.frombuffer(c)
             elif c.code == SCORES and len(c.data) == self._scores_bytes:
                 packed.append(i)
+            else:  # a format this version cannot read: taken as zero it would count the query twice
+                raise ValueError(f"query record in an unknown format (msgpack ext {c.code}, {len(c.data)} bytes)")
         if packed:
             previous[packed] = self.layout.contributions(
                 *unpack_scores([records[i].contribution for i in packed], len(self.layout.names)))
@@ -723,8 +727,9 @@ class Pipeline:
         buckets = [(k.partition, r.ranker_label, r.segment_label, r.impression.timestamp_ms // MINUTE_MS)
                    for k, r in zip(keys, records)]
         index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
-        # Rows grouped by bucket, in their order (a stable sort), summed per group: the
-        # same additions in the same order as np.add.at, several times faster.
+        # Rows grouped by bucket (a stable sort), summed per group: several times faster
+        # than np.add.at; the same sums to rounding (reduceat adds in its own order: the
+        # last bits may differ, counts are exact).
         rows = np.array([index[b] for b in buckets])
         order = np.argsort(rows, kind="stable")
         starts = np.flatnonzero(np.diff(rows[order], prepend=-1))
