@@ -3,9 +3,11 @@ incremental updates, replays, windows, closing and orphans."""
 
 from __future__ import annotations
 
+import base64
 import json
-import zlib
 import random
+import zlib
+from pathlib import Path
 from statistics import fmean
 
 import msgspec
@@ -575,3 +577,39 @@ def test_records_stored_by_the_previous_version_are_read_and_an_old_reader_refus
         contribution: bytes = b""
     with pytest.raises(msgspec.ValidationError, match="Expected `bytes`, got `ext`"):
         msgspec.msgpack.Decoder(PreviousRecord).decode(next(iter(store.records[0].values())))
+
+
+def test_format_1_records_written_by_the_previous_version_carry_on_exactly():
+    """tests/fixtures/format1_store.json: the state the version before record format 2
+    (dc01e2b) left with 60 queries open (its query records in format 1, their
+    contribution vectors), the 62 feedback events that followed, and the window sums that
+    version ended with after them (made by tests/fixtures/make_format1_store.py run on
+    that version: `git archive dc01e2b service | tar -x -C /tmp/old` and PYTHONPATH).
+    This version, resuming from that state, ends with the same sums."""
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "format1_store.json").read_text())
+    settings = config.load(None, {"RANKMETER_EVALUATION_MEASURES": "nDCG@10,P@10,AP",
+                                  "RANKMETER_DEBIAS_HARVEST_SHARE": "1"})
+    store = MemoryStore()
+    for name, per_partition in fixture["store"].items():
+        table = getattr(store, name)
+        for p, value in per_partition.items():
+            table[int(p)] = ({k: base64.b64decode(v) if name in ("records", "buckets", "ab") else v
+                              for k, v in value.items()} if isinstance(value, dict) else value)
+    decode = msgspec.msgpack.Decoder(QueryRecord).decode
+    assert all(isinstance(decode(data).contribution, bytes) and decode(data).contribution
+               for records in store.records.values() for data in records.values())  # format 1, evaluated
+    bus = Bus(partitions=2)
+    pipeline = Pipeline(settings, store, lambda r, why: None, lambda: NOW_S)
+    # The bus holds what the previous version read (the store's offsets point past it) ...
+    for p, offsets in store.offsets.items():
+        for topic, n in offsets.items():
+            bus.logs.setdefault(topic, [[] for _ in range(2)])[p].extend([None] * n)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    for _, key, event in fixture["then"]:   # ... and then what came next
+        bus.send(settings.kafka.feedback_topic, key.encode(), json.dumps(event).encode())
+    while records := bus.poll(0, 17):
+        pipeline.process(records)
+    final = {f"{v.ranker}|{v.window}|{m}": list(s) for v in pipeline.views() for m, s in v.sums.items()}
+    assert final.keys() == fixture["final"].keys()
+    for key, want in fixture["final"].items():
+        assert final[key] == pytest.approx(want, abs=1e-12, nan_ok=True), key
