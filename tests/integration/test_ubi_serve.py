@@ -68,10 +68,17 @@ def test_ubi_records_as_the_generator_and_the_collector_write_them_equal_native_
         send(kafka_bootstrap, ubi_topics, stream[half:])
         send(kafka_bootstrap, native_topics, [item for qs in queries.values() for item in native(qs)])
         reference.wait_for_events(sum(expected_events(qs, False) for qs in queries.values()))
-        want = sums_of(reference)
-        # The killed process took its counters with it: wait on the aggregates themselves.
-        wait_until(lambda: _close(sums_of(ubi), want), 120, "the UBI aggregates to reach the native ones")
-        got = sums_of(ubi)
+        # The killed process took its counters with it: wait on the aggregates themselves,
+        # both scraped together each time (windows end now: a query whose minute leaves the
+        # 5m or 15m window between a scrape of one and a later one of the other differs).
+        scraped: dict[str, dict] = {}
+
+        def same() -> bool:
+            scraped["got"], scraped["want"] = sums_of(ubi), sums_of(reference)
+            return _close(scraped["got"], scraped["want"])
+
+        wait_until(same, 120, "the UBI aggregates to reach the native ones")
+        got, want = scraped["got"], scraped["want"]
         events = ubi.events()
         assert events[("feedback", "listed")] > 0
         client = redis.Redis.from_url(redis_url)
