@@ -18,9 +18,11 @@ on a shared machine does not inflate them. Figures also go to bench/results/debi
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +34,7 @@ from rankmeter.simulator.traffic import Simulator
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from summary import save  # noqa: E402
 
 
@@ -78,7 +80,7 @@ def pipeline_cost(queries: int, repeats: int, seed: int) -> tuple[float, float]:
                           pipeline.assign, pipeline.revoke)
             topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
             for ts, _, e in events:
-                bus.send(topics[e.stream], e.key.encode(), __import__("json").dumps(e.value).encode(), timestamp_ms=ts)
+                bus.send(topics[e.stream], e.key.encode(), json.dumps(e.value).encode(), timestamp_ms=ts)
             started, n, batches = time.process_time(), 0, 0
             while records := bus.poll(0, 1000):
                 now[0] = max(r.timestamp for r in records) / 1000
