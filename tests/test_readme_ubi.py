@@ -1,5 +1,5 @@
-"""The README's "Coming from OpenSearch UBI" example is true: the command prints what the
-README shows, and its quality numbers are trec_eval's on the example's ESCI grades."""
+"""The "Coming from OpenSearch UBI" example of docs/events.md is true: the command prints what
+the page shows, and its quality numbers are trec_eval's on the example's ESCI grades."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ GRADES = {"E": 3, "S": 2, "C": 1, "I": 0}
 RANKMETER = shutil.which("rankmeter", path=str(Path(sys.executable).parent))
 
 
-def readme_example() -> tuple[list[str], list[str]]:
-    """The command of the README's console block and the lines it shows after it."""
-    text = (ROOT / "README.md").read_text()
+def page_example() -> tuple[list[str], list[str]]:
+    """The command of the page's console block and the lines it shows after it."""
+    text = (ROOT / "docs" / "events.md").read_text()
     section = text[text.index("## Coming from OpenSearch UBI"):]
     block = re.search(r"```console\n\$ (.*?)\n```", section, re.S)[1]
     command, *shown = block.replace("\\\n", "").split("\n")
     return shlex.split(command), shown
 
 
-def test_the_readme_example_prints_what_the_readme_shows():
-    command, shown = readme_example()
+def test_the_ubi_example_prints_what_the_page_shows():
+    command, shown = page_example()
     assert command[0] == "rankmeter"
     out = subprocess.run([RANKMETER, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin"})
@@ -41,8 +41,8 @@ def test_the_readme_example_prints_what_the_readme_shows():
     assert out.stdout.rstrip("\n").split("\n") == shown
 
 
-def test_the_readme_example_numbers_are_trec_evals_on_the_esci_grades():
-    _, shown = readme_example()
+def test_the_ubi_example_numbers_are_trec_evals_on_the_esci_grades():
+    _, shown = page_example()
     table = {line.split()[0]: line.split()[1:] for line in shown if re.match(r"esci[-_]\S+ +\d", line)}
     labels: dict[str, dict[str, int]] = defaultdict(dict)
     with open(EXAMPLE / "esci_judgments.csv") as f:
