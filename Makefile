@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v
 
-.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-debias-cost bench-alerts demo demo-full clean
+.PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-debias-cost bench-alerts demo demo-full docs clean
 
 help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-replicas 1, 2, 3 serve replicas: events/s and the CPU split serve/broker/Redis (~6 min)"
 	@echo "make bench-summary  the table of issue-10 targets from what bench/results/ holds"
 	@echo "make bench-alerts   alert quality on a simulated week (BENCH_ARGS=\"--seed 12 --days 7\")"
+	@echo "make docs           build docs/ as a site in strict mode (a broken link or a page missing from nav fails)"
 	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
 	@echo "make demo-full      the same on the real Kafka and Redis of 'make services'"
 
@@ -36,7 +37,8 @@ services-down:
 	@$(SERVICES) down
 
 # Starts the services unless they already answer, and stops only what it started.
-test: venv
+# The docs build first: it takes seconds and fails on a broken link before the suite's minutes.
+test: venv docs
 	@scripts/run-tests.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
@@ -87,6 +89,11 @@ demo: venv
 # The same on the harness's real Kafka and Redis (started, then stopped, unless running).
 demo-full: venv
 	@scripts/run-tests.sh $(BIN)/rankmeter demo $(DEMO_ARGS)
+
+# docs/ as a site (mkdocs.yml): strict, so a link to a missing page or anchor, or a page
+# left out of nav, fails the build. Nothing is fetched: default theme, no plugins.
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir .cache/site
 
 clean:
 	rm -rf $(VENV) .cache .services .pytest_cache .hypothesis
