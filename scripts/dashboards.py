@@ -132,7 +132,7 @@ def overview() -> dict:
                   description="Raw: the grades as users gave them (clicks favour the top ranks). Debiased "
                               "(grading=\"ipw\"): each click weighted by 1 / the estimated examination of its rank, "
                               "over the query text's pooled ideal. Compare the rankers' gap: raw click metrics "
-                              "compress it (README, \"Raw and debiased click metrics\")."),
+                              "compress it (docs/debiasing.md, \"Raw and debiased click metrics\")."),
             panel("Examination by rank (estimated)",
                   [("max by (rank) (rankmeter_propensity)", "rank {{rank}}")], 12, 38, kind="bargauge",
                   unit="percentunit",
@@ -179,7 +179,7 @@ def ab() -> dict:
         "so it never goes back up).\n"
         "5. **Judged share per arm:** quality measures count a query with no relevant document as 0; a gap in "
         "judged share between arms is part of the effect, not noise.\n\n"
-        "How to set up and run an experiment: the README's section *Running an A/B experiment*.")
+        "How to set up and run an experiment: docs/ab-testing.md, *Running an A/B experiment*.")
     return dashboard(
         "rankmeter-ab", "rankmeter — A/B",
         "The configured A/B experiment (ab.baseline against every other ranker): always-valid deltas with their "
