@@ -23,8 +23,9 @@ from rankmeter.simulator.corpus import Corpus
 from rankmeter.simulator.history import (DAY_MS, HOUR_MS, MAX_DISORDER_MS, MINUTE_MS, History, arrivals,
                                          daily, parse_regression, rate_per_hour, resolve_rankers,
                                          weekly)
-from rankmeter.simulator.traffic import (DEFAULT_RANKERS, FIRST_CLICK_DELAY, SESSION_GAP_MS, Event,
-                                         Regression, Simulator, Users)
+from rankmeter.simulator.regressions import Regression
+from rankmeter.simulator.traffic import DEFAULT_RANKERS, FIRST_CLICK_DELAY, Event, Simulator
+from rankmeter.simulator.users import SESSION_GAP_MS, Users
 from test_eval_cli import RANKMETER
 
 MONDAY = 1_795_392_000_000  # 2026-11-23T00:00:00Z, a Monday

@@ -8,7 +8,8 @@ import pytest
 from rankmeter import config
 from rankmeter.cli import _parser
 from rankmeter.events import Decoder, Rejected
-from rankmeter.simulator.traffic import Simulator, team_draft
+from rankmeter.simulator.interleaving import team_draft
+from rankmeter.simulator.traffic import Simulator
 
 PAIR = ("bm25-tuned", "bm25-degraded")
 
