@@ -65,7 +65,7 @@ from progress import Progress  # noqa: E402  (bench/, beside this script)
 from rankmeter import config  # noqa: E402
 from rankmeter.pipeline import Pipeline  # noqa: E402
 from rankmeter.simulator.history import DAY_MS, HOUR_MS, MINUTE_MS, History  # noqa: E402
-from rankmeter.simulator.traffic import Regression  # noqa: E402
+from rankmeter.simulator.regressions import Regression  # noqa: E402
 from rankmeter.source import Bus  # noqa: E402
 from rankmeter.store import MemoryStore  # noqa: E402
 

@@ -5,7 +5,7 @@
 
 Pure simulation with the simulator's own pieces (no Kafka, no Redis): its corpus and
 BM25 index (corpus seed 7, the default of `rankmeter simulate`), its rankers, its
-Zipf query popularity, its team-draft function (`rankmeter.simulator.traffic.team_draft`)
+Zipf query popularity, its team-draft function (`rankmeter.simulator.interleaving.team_draft`)
 and its position-based click model (P(click at r) = ATTRACTIVE[true grade] / r^0.9).
 BM25 scores are cached per query and ranker, and only the score noise is drawn per
 impression (as `Index.search` does), so a query costs tens of microseconds.
@@ -60,7 +60,9 @@ from rankmeter.ab import (
 )
 from rankmeter.engine import QueryState
 from rankmeter.simulator.bm25 import Ranker
-from rankmeter.simulator.traffic import ATTRACTIVE, DEFAULT_RANKERS, Simulator, TruthTally, team_draft
+from rankmeter.simulator.interleaving import team_draft
+from rankmeter.simulator.traffic import ATTRACTIVE, DEFAULT_RANKERS, Simulator
+from rankmeter.simulator.truth import TruthTally
 from progress import Progress  # bench/, beside this script
 
 ALPHA = 0.05

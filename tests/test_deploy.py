@@ -67,8 +67,8 @@ def test_compose_services_ports_and_mounts():
     datasource = load(ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml")["datasources"][0]
     assert datasource["url"] == "http://prometheus:9090" and datasource["type"] == "prometheus"
     # The simulator's command line is one `rankmeter simulate` accepts.
-    from rankmeter.cli import _parser
-    args = _parser().parse_args(services["simulator"]["command"])
+    from rankmeter.cli import parser
+    args = parser().parse_args(services["simulator"]["command"])
     assert args.command == "simulate" and args.rate > 0
 
 
@@ -118,8 +118,8 @@ def test_k8s_config_is_valid_and_matches_the_ports():
     assert config_arg == f"{mount}/rankmeter.yaml"
     settings = config.load(str(K8S / "rankmeter.yaml"), {})
     assert container["ports"][0]["containerPort"] == settings.metrics.port
-    from rankmeter.cli import _parser
-    assert _parser().parse_args(container["args"]).command == "serve"
+    from rankmeter.cli import parser
+    assert parser().parse_args(container["args"]).command == "serve"
 
 
 def test_prometheusrule_is_generated_from_the_rule_file():

@@ -15,7 +15,7 @@ import pytest
 
 from rankmeter import config
 from rankmeter.config import duration_ms
-from rankmeter.cli import _parser
+from rankmeter.cli import parser
 from rankmeter.events import Decoder, Rejected
 from rankmeter.simulator.bm25 import Ranker
 from rankmeter.simulator.clicks import CONTINUE, EXAMINE, cascade, dcm, pbm
@@ -23,8 +23,9 @@ from rankmeter.simulator.corpus import Corpus
 from rankmeter.simulator.history import (DAY_MS, HOUR_MS, MAX_DISORDER_MS, MINUTE_MS, History, arrivals,
                                          daily, parse_regression, rate_per_hour, resolve_rankers,
                                          weekly)
-from rankmeter.simulator.traffic import (DEFAULT_RANKERS, FIRST_CLICK_DELAY, SESSION_GAP_MS, Event,
-                                         Regression, Simulator, Users)
+from rankmeter.simulator.regressions import Regression
+from rankmeter.simulator.traffic import DEFAULT_RANKERS, FIRST_CLICK_DELAY, Event, Simulator
+from rankmeter.simulator.users import SESSION_GAP_MS, Users
 from test_eval_cli import RANKMETER
 
 MONDAY = 1_795_392_000_000  # 2026-11-23T00:00:00Z, a Monday
@@ -379,20 +380,20 @@ def test_spans_and_regressions_parse():
     assert parse_regression("bm25-tuned:ranking:0.3@2d14h/2h") == Regression(62 * 3600, 7200, "bm25-tuned",
                                                                              "ranking", 0.3)
     assert parse_regression("bm25-canary:clicks:1@0s/30m") == Regression(0, 1800, "bm25-canary", "clicks", 1.0)
-    args = _parser().parse_args(["simulate", "--history", "7d", "--peak", "bm25-tuned=1000", "--peak",
+    args = parser().parse_args(["simulate", "--history", "7d", "--peak", "bm25-tuned=1000", "--peak",
                                  "bm25-canary=20", "--regression", "bm25-tuned:ranking:0.3@2d14h/2h",
                                  "--click-model", "dcm"])
     assert args.history == 7 * DAY_MS and args.peak == [("bm25-tuned", 1000.0), ("bm25-canary", 20.0)]
     assert args.regression == [Regression(62 * 3600, 7200, "bm25-tuned", "ranking", 0.3)]
     assert args.click_model == "dcm"
-    live_args = _parser().parse_args(["simulate"])
+    live_args = parser().parse_args(["simulate"])
     assert (live_args.history, live_args.peak, live_args.regression, live_args.click_model) == (None, [], [], "pbm")
     for bad in (["--history", "7x"], ["--history", "0d"], ["--peak", "a"], ["--peak", "a=0"], ["--peak", "=3"],
                 ["--regression", "bm25-tuned:ranking:0.3"], ["--regression", "bm25-tuned:rank:0.3@1h/1h"],
                 ["--regression", "bm25-tuned:clicks:1.5@1h/1h"], ["--regression", "bm25-tuned:clicks:0.5@1h/0s"],
                 ["--click-model", "ubm"]):
         with pytest.raises(SystemExit):
-            _parser().parse_args(["simulate", *bad])
+            parser().parse_args(["simulate", *bad])
 
 
 def test_simulate_history_to_a_file(tmp_path):

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from rankmeter import config
-from rankmeter.cli import _parser
+from rankmeter.cli import parser
 from rankmeter.events import Decoder, Rejected
-from rankmeter.simulator.traffic import Simulator, team_draft
+from rankmeter.simulator.interleaving import team_draft
+from rankmeter.simulator.traffic import Simulator
 
 PAIR = ("bm25-tuned", "bm25-degraded")
 
@@ -112,10 +113,10 @@ def test_without_interleave_nothing_changes():
 
 def test_command_line_option():
     for command in ("simulate", "demo"):
-        assert _parser().parse_args([command, "--interleave", "bm25-tuned,bm25-degraded"]).interleave == PAIR
-        assert _parser().parse_args([command]).interleave is None
+        assert parser().parse_args([command, "--interleave", "bm25-tuned,bm25-degraded"]).interleave == PAIR
+        assert parser().parse_args([command]).interleave is None
         for bad in ("bm25-tuned", "bm25-tuned,bm25-tuned", "bm25-tuned,nope"):
             with pytest.raises(SystemExit):
-                _parser().parse_args([command, "--interleave", bad])
+                parser().parse_args([command, "--interleave", bad])
     with pytest.raises(ValueError):
         Simulator(seed=1, interleave=("bm25-tuned", "nope"))

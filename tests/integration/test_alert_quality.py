@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import alert_quality as aq  # noqa: E402
 
 from rankmeter.simulator.history import DAY_MS, HOUR_MS  # noqa: E402
-from rankmeter.simulator.traffic import Regression  # noqa: E402
+from rankmeter.simulator.regressions import Regression  # noqa: E402
 
 
 def evening_regression(start_ms: int) -> list[aq.Injected]:

@@ -33,8 +33,10 @@ import numpy as np
 
 from rankmeter.config import duration_ms
 from rankmeter.simulator.bm25 import Ranker
-from rankmeter.simulator.traffic import (ATTRIBUTION_S, DEFAULT_RANKERS, TRUTH_MEASURES, Event, Regression,
-                                         Simulator, TruthPoint, Users, check_regression)
+from rankmeter.simulator.regressions import Regression, check_regression
+from rankmeter.simulator.traffic import ATTRIBUTION_S, DEFAULT_RANKERS, Event, Simulator
+from rankmeter.simulator.truth import TRUTH_MEASURES, TruthPoint
+from rankmeter.simulator.users import Users
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

@@ -17,12 +17,11 @@ click's dwell, an add-to-cart after the dwell, a purchase a lognormal delay afte
 30 min) after the impression. `query_events` returns a query's events at once, in
 delivery order; `history.History` delivers them in event-time order.
 
-`Regression`s degrade a ranker for an interval: `ranking` replaces its list, with
-probability `size`, by a noisy one (noise `REGRESSED_NOISE`); `clicks` (a presentation
-problem) multiplies every result's attractiveness by 1 − size and leaves the list alone.
+`Regression`s (`regressions.py`) degrade a ranker for an interval. Users and sessions are
+`users.py`'s, the true metrics `truth.py`'s.
 
 With `interleave=(A, B)` every query is answered by a team-draft interleaving of A's and
-B's lists (Radlinski, Kurup & Joachims, CIKM 2008), carrying brief §2's
+B's lists (`interleaving.py`), carrying brief §2's
 `interleaving: {"experiment": "A-vs-B", "teams": [...]}`; the click model is the same.
 """
 
@@ -31,22 +30,25 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.engine import QueryState, evaluate, parse_all, stack
+from rankmeter.engine import QueryState
 from rankmeter.simulator.bm25 import Index, Ranker
 from rankmeter.simulator.clicks import click_model as make_click_model
 from rankmeter.simulator.clicks import examination as examination_of
 from rankmeter.simulator.corpus import Corpus, Query
+from rankmeter.simulator.interleaving import team_draft
+from rankmeter.simulator.regressions import REGRESSED_NOISE, Regression, check_regression
+from rankmeter.simulator.truth import TruthPoint, TruthTally
+from rankmeter.simulator.users import Users, Visit
 
 ATTRACTIVE = {0: 0.04, 1: 0.25, 2: 0.55, 3: 0.85}   # P(click | examined, true grade)
 DWELL_MEDIAN_S = {0: 4.0, 1: 15.0, 2: 40.0, 3: 80.0}
 CART = {2: 0.25, 3: 0.45}                            # P(add to cart | click, grade)
 PURCHASE = {2: 0.3, 3: 0.5}                          # P(purchase | add to cart, grade)
-TRUTH_MEASURES = ["nDCG@10", "P@10", "AP"]
 
 # Delays, lognormal: (median in seconds, sigma of the log).
 FIRST_CLICK_DELAY = (4.0, 1.0)  # impression -> first click: most within 10 s, a long tail
@@ -54,56 +56,10 @@ NEXT_CLICK_DELAY = (3.0, 0.7)   # back from a document -> the next click
 PURCHASE_DELAY = (180.0, 1.0)   # add to cart -> purchase: minutes
 DWELL_SIGMA = 0.5
 ATTRIBUTION_S = 1800.0          # windows.attribution's default: no feedback later than this
-SESSION_GAP_MS = 30 * 60_000    # a user's queries this far apart start a new session
 K = 10                          # results shown per query
 
 DEFAULT_RANKERS = (Ranker("bm25-tuned", k1=1.2, b=0.75),
                    Ranker("bm25-degraded", k1=0.3, b=0.1, noise=0.35))
-REGRESSED_NOISE = 1.5  # a `ranking` regression's list (what --regression-at does)
-REGRESSION_KINDS = ("ranking", "clicks")
-
-
-class Regression(NamedTuple):
-    """`ranker` is degraded from `start_s` (seconds since the traffic's start) for `duration_s`:
-    kind `ranking` = with probability `size` its list is replaced by a degraded one;
-    kind `clicks` = every result's attractiveness is multiplied by 1 − size."""
-    start_s: float
-    duration_s: float
-    ranker: str
-    kind: str = "ranking"
-    size: float = 1.0
-
-    def active(self, elapsed_s: float) -> bool:
-        return self.start_s <= elapsed_s < self.start_s + self.duration_s
-
-
-def team_draft(a: list[str], b: list[str], k: int, rng: np.random.Generator) -> tuple[list[str], list[int]]:
-    """Team-draft interleaving of two rankings (Radlinski, Kurup & Joachims, CIKM 2008).
-
-    In each round a fair coin decides which team picks first; each team in turn adds its
-    highest-ranked document not yet in the list. Stops at `k` documents, or when a team
-    has nothing left to add (as the paper's algorithm does). Returns the list and the team
-    (0 for `a`, 1 for `b`) of each position: every prefix's team sizes differ by at most
-    one, each team's documents are in its ranker's order, no document appears twice.
-    """
-    lists = (a, b)
-    nexts = [0, 0]  # the first not-yet-examined rank of each list
-    shown: list[str] = []
-    teams: list[int] = []
-    seen: set[str] = set()
-    while len(shown) < k:
-        first = int(rng.random() < 0.5)
-        for team in (first, 1 - first):
-            ranking, i = lists[team], nexts[team]
-            while i < len(ranking) and ranking[i] in seen:
-                i += 1
-            nexts[team] = i
-            if i == len(ranking) or len(shown) == k:
-                return shown, teams
-            seen.add(ranking[i])
-            shown.append(ranking[i])
-            teams.append(team)
-    return shown, teams
 
 
 class Event(NamedTuple):
@@ -114,75 +70,6 @@ class Event(NamedTuple):
     @property
     def timestamp_ms(self) -> int:
         return self.value["timestamp"]
-
-
-class TruthTally:
-    """Running means of the true metrics (from hidden grades) per ranker."""
-
-    def __init__(self) -> None:
-        self.measures = parse_all(TRUTH_MEASURES)
-        self.sums: dict[str, np.ndarray] = {}
-        self.counts: dict[str, int] = {}
-
-    def values(self, state: QueryState) -> np.ndarray | None:
-        """The true TRUTH_MEASURES of one query; None without a relevant document (the live
-        service's default leaves such queries out of the quality averages, too)."""
-        if state.num_rel == 0:
-            return None
-        ratios = evaluate(self.measures, stack([state]))
-        return np.array([m.values(r)[0] for m, r in ratios.items()])
-
-    def add(self, ranker: str, state: QueryState) -> None:
-        self.add_values(ranker, self.values(state))
-
-    def add_values(self, ranker: str, values: np.ndarray | None) -> None:
-        if values is None:
-            return
-        self.sums[ranker] = self.sums.get(ranker, 0) + values
-        self.counts[ranker] = self.counts.get(ranker, 0) + 1
-
-    def means(self) -> dict[str, dict[str, float]]:
-        return {r: dict(zip(TRUTH_MEASURES, (self.sums[r] / self.counts[r]).tolist())) for r in self.sums}
-
-
-class TruthPoint(NamedTuple):
-    timestamp_ms: int
-    ranker: str
-    values: np.ndarray  # TRUTH_MEASURES of the query, from the hidden grades
-
-
-class Visit(NamedTuple):
-    client: str        # client_id
-    session: str       # session_id
-    propensity: float  # this user's clicks: a factor on every result's attractiveness
-
-
-class Users:
-    """A user population with skewed activity: user i is picked with a weight drawn from a
-    lognormal (σ 1.5: a few heavy users, a long tail of occasional ones), and clicks with a
-    propensity of their own (lognormal, mean 1, σ 0.3), so that one heavy user's queries are
-    alike, as real users' are, and a window's queries are not independent. A user's queries
-    less than 30 minutes apart form one session; a longer gap starts a new one."""
-
-    def __init__(self, count: int, rng: np.random.Generator, first: int = 0,
-                 session_gap_ms: int = SESSION_GAP_MS) -> None:
-        weights = rng.lognormal(0.0, 1.5, count)
-        self.propensity = rng.lognormal(-0.3 ** 2 / 2, 0.3, count)
-        self.cumulative = np.cumsum(weights) / weights.sum()
-        self.first, self.gap_ms = first, session_gap_ms
-        self.last_ms: dict[int, int] = {}
-        self.session_start: dict[int, int] = {}
-
-    def visit(self, rng: np.random.Generator, now_ms: int) -> Visit:
-        """A user's query at `now_ms` (called in time order)."""
-        i = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.cumulative) - 1)
-        last = self.last_ms.get(i)
-        if last is None or now_ms - last >= self.gap_ms:
-            self.session_start[i] = now_ms
-        self.last_ms[i] = now_ms
-        user = self.first + i
-        # Named by its start: unique across runs, and the same for the same seed and times.
-        return Visit(f"u{user}", f"u{user}-{self.session_start[i]}", float(self.propensity[i]))
 
 
 class Simulator:
@@ -416,15 +303,3 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
-
-
-def check_regression(r: Regression, rankers: Collection[str] | None = None) -> None:
-    """ValueError, in one line, for a regression that cannot apply (to one of `rankers`)."""
-    if r.kind not in REGRESSION_KINDS:
-        raise ValueError(f"regression kind {r.kind!r}: one of {', '.join(REGRESSION_KINDS)}")
-    if not 0.0 <= r.size <= 1.0:
-        raise ValueError(f"regression size {r.size:g}: a share between 0 and 1")
-    if not r.duration_s > 0 or r.start_s < 0:
-        raise ValueError(f"regression at {r.start_s:g} s for {r.duration_s:g} s: a start >= 0 and a duration > 0")
-    if rankers is not None and r.ranker not in rankers:
-        raise ValueError(f"regression of ranker {r.ranker!r}: one of {', '.join(rankers)}")
