@@ -269,7 +269,7 @@ def _reaching(settings) -> Iterator[None]:
     from kafka.errors import KafkaError, KafkaTimeoutError
 
     from rankmeter.config import ConfigError
-    from rankmeter.kafka_source import KafkaUnreachable, TopicMismatch
+    from rankmeter.kafka import KafkaUnreachable, TopicMismatch
 
     try:
         yield
@@ -292,9 +292,9 @@ def _reaching(settings) -> Iterator[None]:
 
 def _connect(settings, create_topics: int | None):
     """The real store and source, checked: Redis answers, the topics are co-partitioned."""
-    from rankmeter.kafka_source import open_source
+    from rankmeter.kafka import open_source
     from rankmeter.redis_store import RedisStore
-    from rankmeter.kafka_source import create_topics as create
+    from rankmeter.kafka import create_topics as create
 
     with _reaching(settings):
         store = RedisStore(settings.redis.url, settings.redis.key_prefix, settings.redis.cluster)
@@ -345,7 +345,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from rankmeter import logs
     from rankmeter.demo import kafka_sender
-    from rankmeter.kafka_source import create_topics
+    from rankmeter.kafka import create_topics
     from rankmeter.simulator.history import file_sender
     from rankmeter.simulator.traffic import Simulator
 
@@ -511,7 +511,7 @@ def _replay(args: argparse.Namespace) -> int:
     from rankmeter import logs, replay
     from rankmeter.config import duration_ms
     from rankmeter.demo import render
-    from rankmeter.kafka_source import create_topics
+    from rankmeter.kafka import create_topics
 
     settings = _settings(args)
     logs.configure("WARNING")  # the summary (and the table) are the output
