@@ -15,6 +15,7 @@ import pytest
 import pytrec_eval
 
 from rankmeter import config, replay
+from rankmeter.events import event_time_ms
 from rankmeter.trec import InputError
 from test_eval_cli import RANKMETER
 
@@ -258,13 +259,13 @@ def test_judgments_from_esci_labels_follow_their_query(tmp_path):
                                        ("2024-06-01T00:00:05.123456+00:00", T0_MS),
                                        ("2024-06-01T01:00:05.123+01:00", T0_MS)])
 def test_event_time(value, ms):
-    assert replay.event_time_ms(value) == ms
+    assert event_time_ms(value) == ms
 
 
 @pytest.mark.parametrize("value", [None, True, 1.5, "2024-06-01", "2024-06-01T00:00:00", "1717200005123"])
 def test_event_time_refuses_what_the_decoder_refuses(value):
     with pytest.raises(ValueError):
-        replay.event_time_ms(value)
+        event_time_ms(value)
 
 
 class Terminal(io.StringIO):
