@@ -1,16 +1,20 @@
-"""kafka.backend: the setting, the factory, and the confluent backend's mapping of
-`kafka.client` (kafka-python's names) to librdkafka's. The backends themselves run the
-end-to-end, crash, fencing and security tests in tests/integration on the real broker."""
+"""kafka.backend: the setting, the factory, each backend's dead-letter producer refusing
+what it cannot take, and the confluent backend's mapping of `kafka.client` (kafka-python's
+names) to librdkafka's. The backends themselves run the end-to-end, crash, fencing and
+security tests in tests/integration on the real broker."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from rankmeter import config
-from rankmeter.kafka_source import open_source
+from rankmeter.kafka import KafkaSource, open_source
+from rankmeter.source import SourceUnavailable
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from rankmeter.confluent_source import CLIENT_SETTINGS, ConfluentSource, librdkafka_settings  # noqa: E402
+from rankmeter.kafka.common import CLIENT_SETTINGS, librdkafka_settings  # noqa: E402
+from rankmeter.kafka.confluent import ConfluentSource  # noqa: E402
 
 
 def test_backend_setting_defaults_to_kafka_python_and_is_checked():
@@ -21,14 +25,44 @@ def test_backend_setting_defaults_to_kafka_python_and_is_checked():
     assert str(e.value) == "invalid configuration: kafka.backend: must be kafka-python or confluent"
 
 
+UNREACHABLE = {"RANKMETER_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+# kafka-python asks the broker its version when a client is built, unless told: a tuple,
+# which the environment's strings cannot give.
+KNOWN_VERSION = {"api_version": (3, 9)}
+
+
+def unreachable(backend: str, client: dict) -> config.Kafka:
+    settings = config.load(None, {**UNREACHABLE, "RANKMETER_KAFKA_BACKEND": backend}).kafka
+    return msgspec.structs.replace(settings, client=client)
+
+
 def test_the_factory_opens_the_chosen_backend():
     # Neither client connects before it is used: no broker needed to build them.
-    unreachable = {"RANKMETER_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
-    confluent = open_source(config.load(None, {**unreachable, "RANKMETER_KAFKA_BACKEND": "confluent"}).kafka)
+    confluent = open_source(config.load(None, {**UNREACHABLE, "RANKMETER_KAFKA_BACKEND": "confluent"}).kafka)
     try:
         assert type(confluent) is ConfluentSource
     finally:
         confluent.close()
+    default = open_source(unreachable("kafka-python", KNOWN_VERSION))
+    try:
+        assert type(default) is KafkaSource
+    finally:
+        default.close()
+
+
+@pytest.mark.parametrize("backend, client", [
+    # kafka-python blocks max_block_ms for the topic's metadata, which no broker gives.
+    ("kafka-python", {**KNOWN_VERSION, "max_block_ms": 100}),
+    # librdkafka queues without a broker: a queue of one message is full at the second.
+    ("confluent", {"max_block_ms": 100, "queue.buffering.max.messages": 1, "delivery_timeout_ms": 100})])
+def test_a_dead_letter_the_producer_cannot_take_is_source_unavailable(backend, client):
+    source = open_source(unreachable(backend, client))
+    try:
+        with pytest.raises(SourceUnavailable, match="cannot produce to 'rankmeter-dead-letters'"):
+            for _ in range(2):
+                source.produce("rankmeter-dead-letters", b"q1", b"{}", [("rankmeter.reason", b"broken JSON")])
+    finally:
+        source.close()
 
 
 def test_the_secure_harness_settings_map_to_librdkafka():

@@ -11,10 +11,13 @@ import subprocess
 from pathlib import Path
 from statistics import fmean
 
+import msgspec
 import pytest
 import pytrec_eval
+from kafka.errors import KafkaTimeoutError
 
 from rankmeter import config, replay
+from rankmeter.events import event_time_ms
 from rankmeter.trec import InputError
 from test_eval_cli import RANKMETER
 
@@ -258,13 +261,13 @@ def test_judgments_from_esci_labels_follow_their_query(tmp_path):
                                        ("2024-06-01T00:00:05.123456+00:00", T0_MS),
                                        ("2024-06-01T01:00:05.123+01:00", T0_MS)])
 def test_event_time(value, ms):
-    assert replay.event_time_ms(value) == ms
+    assert event_time_ms(value) == ms
 
 
 @pytest.mark.parametrize("value", [None, True, 1.5, "2024-06-01", "2024-06-01T00:00:00", "1717200005123"])
 def test_event_time_refuses_what_the_decoder_refuses(value):
     with pytest.raises(ValueError):
-        replay.event_time_ms(value)
+        event_time_ms(value)
 
 
 class Terminal(io.StringIO):
@@ -406,6 +409,21 @@ def test_embedded_judgments_from_labels_are_graded_by_the_label_map(tmp_path):
 def run_replay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([RANKMETER, "replay", *args], capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_record_kafka_cannot_take_is_kafka_pythons_own_error():
+    # The command turns kafka-python's errors into one line (as for a broker it cannot reach
+    # at start); the shared producer's SourceUnavailable is not one of them.
+    settings = config.load(None, {"RANKMETER_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    # No broker: a known api_version (a tuple) builds the client; the topic's metadata never comes.
+    client = {"api_version": (3, 9), "max_block_ms": 100}
+    sink = replay.KafkaSink(msgspec.structs.replace(settings, kafka=msgspec.structs.replace(settings.kafka,
+                                                                                            client=client)))
+    try:
+        with pytest.raises(KafkaTimeoutError, match="Failed to update metadata after 0.1 secs"):
+            sink("imp", b"q1", b"{}", T0_MS)
+    finally:
+        sink.close()
 
 
 def test_a_file_that_cannot_be_opened_is_one_line_and_exit_2(tmp_path):

@@ -33,7 +33,7 @@ class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     dead_letter_topic: str = "rankmeter.dlq"
     # Passed to kafka-python as they are: security_protocol, sasl_mechanism,
     # sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, …
-    # (the confluent backend maps them to librdkafka's names: confluent_source.py).
+    # (the confluent backend maps them to librdkafka's names: kafka/common.py).
     client: dict[str, Any] = {}
     max_poll_records: int = 5000
     poll_timeout_ms: int = 200

@@ -167,17 +167,15 @@ def kafka_sender(settings: Settings, event_timestamps: bool = False) -> Callable
     """`send(event, timestamp_ms=None)` to the configured topics, keyed by query id; with
     `event_timestamps` each record's Kafka timestamp is its event's (history replays: topic
     retention and the event clock then follow event time)."""
-    from kafka import KafkaProducer
+    from rankmeter.kafka.producer import SIMULATOR, KafkaPythonProducer  # the embedded demo needs no Kafka client
 
-    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers.split(","), linger_ms=20,
-                             batch_size=256 * 1024,
-                             **{k: v for k, v in settings.kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG})
+    producer = KafkaPythonProducer(settings.kafka, SIMULATOR)
     topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
 
     def send(event: Event, timestamp_ms: int | None = None) -> None:
         if event_timestamps:
             timestamp_ms = event.timestamp_ms
-        producer.send(topics[event.stream], key=event.key.encode(), value=json.dumps(event.value).encode(),
+        producer.send(topics[event.stream], event.key.encode(), json.dumps(event.value).encode(),
                       timestamp_ms=timestamp_ms)
 
     send.flush = producer.flush  # type: ignore[attr-defined]

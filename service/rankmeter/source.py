@@ -1,5 +1,5 @@
 """The event source port: poll a batch of records, seek, commit, assignment callbacks, and
-produce (for the dead-letter topic). `kafka_source.KafkaSource` is the real one; `Bus`
+produce (for the dead-letter topic). `rankmeter.kafka` holds the real ones; `Bus`
 here is the in-process bus of the embedded demo and of unit tests of the pipeline.
 """
 

@@ -19,7 +19,7 @@ import redis
 from kafka.partitioner.default import murmur2
 
 from rankmeter import config
-from rankmeter.kafka_source import KafkaSource
+from rankmeter.kafka import KafkaSource
 from rankmeter.redis_store import RedisStore
 from rankmeter.serve import run
 

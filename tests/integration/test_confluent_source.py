@@ -13,7 +13,7 @@ from rankmeter import config
 from serving import produce, unique_topics, wait_until
 
 pytestmark = pytest.mark.integration
-confluent_source = pytest.importorskip("rankmeter.confluent_source")
+confluent = pytest.importorskip("rankmeter.kafka.confluent")
 
 
 class Member:
@@ -21,7 +21,7 @@ class Member:
     after every batch, as serve's checkpoint does; claims resume from it."""
 
     def __init__(self, settings: config.Kafka, topics: list[str], store: dict, processed: list) -> None:
-        self.source = confluent_source.ConfluentSource(settings)
+        self.source = confluent.ConfluentSource(settings)
         self.topics, self.store, self.processed = topics, store, processed
         self.count = 0
         self.source.subscribe(topics, self.claim, lambda partitions: None)

@@ -35,7 +35,7 @@ def reaching(settings) -> Iterator[None]:
     from kafka.errors import KafkaError, KafkaTimeoutError
 
     from rankmeter.config import ConfigError
-    from rankmeter.kafka_source import KafkaUnreachable, TopicMismatch
+    from rankmeter.kafka import KafkaUnreachable, TopicMismatch
 
     try:
         yield
@@ -58,7 +58,7 @@ def reaching(settings) -> Iterator[None]:
 
 def connect(settings, create_topics: int | None):
     """The real store and source, checked: Redis answers, the topics are co-partitioned."""
-    from rankmeter.kafka_source import open_source
+    from rankmeter.kafka import open_source
     from rankmeter.redis_store import RedisStore
 
     with reaching(settings):
@@ -88,7 +88,7 @@ def check_eviction(settings, store) -> None:
 def ensure_topics(settings, partitions: int | None) -> None:
     """Creates the missing impressions, feedback and dead-letter topics with this many
     partitions; none when `partitions` is 0 or None."""
-    from rankmeter.kafka_source import create_topics
+    from rankmeter.kafka import create_topics
 
     if partitions:
         create_topics(settings.kafka, partitions)

@@ -1,6 +1,5 @@
-"""The Kafka adapter (kafka-python): one consumer in a group on both topics, and a
-producer for the dead-letter topic. `open_source` picks it or the confluent-kafka one
-(`confluent_source.py`) by `kafka.backend`.
+"""The Kafka adapter on kafka-python, the default `kafka.backend`: one consumer in a group
+on both topics, and a producer for the dead-letter topic.
 
 Offsets are resumed from the store, not from Kafka: the store keeps them atomically
 with the state they produced. Kafka's committed offsets are still written after each
@@ -16,82 +15,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaConfigurationError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import KafkaConfigurationError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from rankmeter.config import ConfigError
 from rankmeter.config import Kafka as KafkaSettings
-from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
-
-if TYPE_CHECKING:
-    from rankmeter.confluent_source import ConfluentSource
+from rankmeter.kafka.common import COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, CoordinatorWatch, copartitioned, known
+from rankmeter.kafka.producer import DEAD_LETTERS, KafkaPythonProducer, Producer
+from rankmeter.source import OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
 
-# The coordinator is looked up again after any disconnection (a rebalance, a broker's
-# restart): only this long without one counts as the broker being away.
-COORDINATOR_GRACE_S = 5.0
-
-
-class CoordinatorWatch:
-    """Kafka is reported unavailable once the group coordinator has been out of reach for
-    COORDINATOR_GRACE_S: shorter blinks (a rebalance) are not an outage."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self.away_since: float | None = None
-
-    def problem(self, coordinator_up: bool) -> str:
-        if coordinator_up:
-            self.away_since = None
-            return ""
-        now = time.monotonic()
-        if self.away_since is None:
-            self.away_since = now
-        away = now - self.away_since
-        if away < COORDINATOR_GRACE_S:
-            return ""
-        return (f"Kafka unavailable: no connection to the group coordinator for {away:.0f} s "
-                f"(bootstrap {self.bootstrap}); reconnecting")
-# How long a dead-letter send may block (producer buffer full, topic metadata unknown)
-# before the caller is told to retry; kafka-python's default, 60 s, would starve /healthz.
-PRODUCE_BLOCK_MS = 5000
-# After a seek, how long before a partition's lag is reported (fetches renew its high
-# watermark several times a second).
-LAG_SETTLE_S = 2.0
-COMMITTED_TIMEOUT_MS = 5000  # asking the group coordinator for committed offsets
 # A rebalance that has given no assignment for the session timeout (a dead member of the
 # group must expire first) plus this is started again.
 JOIN_WATCHDOG_MARGIN_S = 15.0
-
-
-class TopicMismatch(Exception):
-    """The two topics are missing or not co-partitioned."""
-
-
-class KafkaUnreachable(Exception):
-    """No answer from the broker at start (down, or refusing the credentials or the TLS):
-    raised by the confluent backend; kafka-python raises its own KafkaError."""
-
-
-def open_source(settings: KafkaSettings, client_id: str = "rankmeter") -> KafkaSource | ConfluentSource:
-    """The source of `kafka.backend`: kafka-python (the default) or confluent (librdkafka,
-    an extra: imported only when chosen)."""
-    if settings.backend == "confluent":
-        try:
-            from rankmeter.confluent_source import ConfluentSource
-        except ImportError as e:
-            if e.name is None or not e.name.startswith("confluent_kafka"):
-                raise
-            raise ConfigError("invalid configuration: kafka.backend: confluent needs the confluent-kafka "
-                              "package: pip install 'rankmeter[confluent]'") from None
-        return ConfluentSource(settings, client_id)
-    return KafkaSource(settings, client_id)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -120,10 +59,9 @@ class KafkaSource:
         unknown = set(settings.client) - set(KafkaConsumer.DEFAULT_CONFIG) - set(KafkaProducer.DEFAULT_CONFIG)
         if unknown:
             raise KafkaConfigurationError(f"kafka.client has settings kafka-python does not know: {sorted(unknown)}")
-        common: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(","), "client_id": client_id}
-        # Each client takes the settings it knows: security for both, session ones for the consumer.
-        only = lambda defaults: {k: v for k, v in settings.client.items() if k in defaults}
         self.consumer = KafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers.split(","),
+            client_id=client_id,
             group_id=settings.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -131,9 +69,8 @@ class KafkaSource:
             # co-partitioned topics, so a query's impression and feedback meet here.
             partition_assignment_strategy=[RangePartitionAssignor],
             max_poll_records=settings.max_poll_records,
-            **common, **only(KafkaConsumer.DEFAULT_CONFIG))
-        self.producer = KafkaProducer(**{"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS,
-                                         **common, **only(KafkaProducer.DEFAULT_CONFIG)})
+            **known(settings.client, KafkaConsumer.DEFAULT_CONFIG))
+        self.producer: Producer = KafkaPythonProducer(settings, DEAD_LETTERS, client_id)
         self._watch = CoordinatorWatch(settings.bootstrap_servers)
         self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
         self._joining_since: float | None = None   # revoked (or subscribed), no assignment since
@@ -142,23 +79,7 @@ class KafkaSource:
         self._seeked_at: dict[tuple[str, int], float] = {}
 
     def check_topics(self, topics: Sequence[str], wait_s: float = 15.0) -> int:
-        """Both topics exist with the same partition count (brief §2); returns it. Waits a
-        little for topics that were just created: their metadata takes a moment to spread."""
-        counts = {}
-        for topic in topics:
-            deadline = time.monotonic() + wait_s
-            partitions = self.consumer.partitions_for_topic(topic)
-            while not partitions and time.monotonic() < deadline:
-                time.sleep(0.2)
-                partitions = self.consumer.partitions_for_topic(topic)
-            if not partitions:
-                raise TopicMismatch(f"topic {topic!r} does not exist (create it with as many "
-                                    f"partitions as the other one)")
-            counts[topic] = len(partitions)
-        if len(set(counts.values())) != 1:
-            raise TopicMismatch("topics are not co-partitioned: "
-                                + ", ".join(f"{t} has {n}" for t, n in counts.items()))
-        return next(iter(counts.values()))
+        return copartitioned(topics, lambda topic: len(self.consumer.partitions_for_topic(topic) or ()), wait_s)
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         self._on_assign = on_assign
@@ -250,10 +171,7 @@ class KafkaSource:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        try:
-            self.producer.send(topic, key=key, value=value, headers=headers)
-        except KafkaTimeoutError as e:  # buffer full, or no metadata for the topic, for max_block_ms
-            raise SourceUnavailable(f"cannot produce to {topic!r}: {e}") from None
+        self.producer.send(topic, key, value, headers)
 
     def problem(self) -> str:
         return self._watch.problem(self._coordinator_known())
@@ -283,27 +201,5 @@ class KafkaSource:
         return lags
 
     def close(self) -> None:
-        self.producer.flush(timeout=10)
-        self.producer.close(timeout=10)
+        self.producer.close(timeout_s=10)
         self.consumer.close(autocommit=False)
-
-
-def create_topics(settings: KafkaSettings, partitions: int) -> None:
-    """Create the three topics when missing (impressions and feedback co-partitioned)."""
-    security = {k: v for k, v in settings.client.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
-    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers.split(","),
-                             client_id="rankmeter-admin", **security)
-    try:
-        existing = set(admin.list_topics())
-        k = settings
-        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1)
-                   for t in (k.impressions_topic, k.feedback_topic, k.dead_letter_topic)
-                   if t not in existing]
-        if missing:
-            try:
-                admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another replica was first
-            log.info("topics created", extra={"topics": [t.name for t in missing], "partitions": partitions})
-    finally:
-        admin.close()

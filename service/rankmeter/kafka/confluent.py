@@ -1,5 +1,5 @@
 """The Kafka adapter on confluent-kafka (librdkafka), `kafka.backend: confluent`: the same
-source as `kafka_source.KafkaSource`, with fetching in librdkafka's threads, so the next
+source as `kafka_python.KafkaSource`, with fetching in librdkafka's threads, so the next
 batch is being read while the pipeline works on this one.
 
 Offsets, as with kafka-python, are resumed from the store: each assignment is claimed in
@@ -11,8 +11,8 @@ The rebalance protocol is the eager one, with range assignment: a member gets th
 partition numbers of both co-partitioned topics, and every rebalance revokes everything
 before assigning, as `serve` (and the pipeline's claim and fencing) expects.
 
-`kafka.client` keeps kafka-python's spelling for both backends; `CLIENT_SETTINGS` maps
-each name to librdkafka's. A name with a dot is librdkafka's own and passed as it is.
+`kafka.client` keeps kafka-python's spelling for both backends: `common.librdkafka_settings`
+maps it to librdkafka's.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from rankmeter.config import ConfigError
 from rankmeter.config import Kafka as KafkaSettings
-from rankmeter.kafka_source import (COMMITTED_TIMEOUT_MS, CoordinatorWatch, LAG_SETTLE_S, PRODUCE_BLOCK_MS,
-                                    KafkaUnreachable, TopicMismatch)
-from rankmeter.source import OnAssign, OnRevoke, Record, SourceUnavailable
+from rankmeter.kafka.common import (COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, PRODUCE_BLOCK_MS, CoordinatorWatch,
+                                    KafkaUnreachable, copartitioned, librdkafka_settings,
+                                    librdkafka_text)
+from rankmeter.kafka.producer import ConfluentProducer, Producer
+from rankmeter.source import OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
 librdkafka_log = logging.getLogger("librdkafka")  # the library's own lines, as kafka-python's are "kafka"
@@ -37,87 +38,6 @@ librdkafka_log = logging.getLogger("librdkafka")  # the library's own lines, as 
 # librdkafka reports the group coordinator's state in its statistics, once this often.
 STATS_INTERVAL_MS = 1000
 BOOTSTRAP_TIMEOUT_MS = 30_000  # kafka-python's default bootstrap_timeout_ms, kept for both backends
-# Dead-letter messages not delivered after this are dropped (kafka-python's delivery_timeout_ms).
-DELIVERY_TIMEOUT_MS = 120_000
-
-
-def _bool(value: Any) -> str:
-    return "true" if value in (True, "true", "True", 1, "1") else "false"
-
-
-def _hostname_check(value: Any) -> str:
-    # kafka-python's ssl_check_hostname (default True) is librdkafka's endpoint identification.
-    return "https" if _bool(value) == "true" else "none"
-
-
-# kafka-python name -> (librdkafka name, which client takes it, value conversion).
-# Names mapped to None are this adapter's own (no librdkafka equivalent).
-CLIENT_SETTINGS: dict[str, tuple[str | None, str, Callable[[Any], str]]] = {
-    # security, both clients
-    "security_protocol": ("security.protocol", "both", str),
-    "sasl_mechanism": ("sasl.mechanisms", "both", str),
-    "sasl_plain_username": ("sasl.username", "both", str),
-    "sasl_plain_password": ("sasl.password", "both", str),
-    "sasl_kerberos_service_name": ("sasl.kerberos.service.name", "both", str),
-    "ssl_cafile": ("ssl.ca.location", "both", str),
-    "ssl_certfile": ("ssl.certificate.location", "both", str),
-    "ssl_keyfile": ("ssl.key.location", "both", str),
-    "ssl_password": ("ssl.key.password", "both", str),
-    "ssl_crlfile": ("ssl.crl.location", "both", str),
-    "ssl_ciphers": ("ssl.cipher.suites", "both", str),
-    "ssl_check_hostname": ("ssl.endpoint.identification.algorithm", "both", _hostname_check),
-    # connections, both clients
-    "client_id": ("client.id", "both", str),
-    "reconnect_backoff_ms": ("reconnect.backoff.ms", "both", str),
-    "reconnect_backoff_max_ms": ("reconnect.backoff.max.ms", "both", str),
-    "retry_backoff_ms": ("retry.backoff.ms", "both", str),
-    "metadata_max_age_ms": ("metadata.max.age.ms", "both", str),
-    "connections_max_idle_ms": ("connections.max.idle.ms", "both", str),
-    "socket_connection_setup_timeout_ms": ("socket.connection.setup.timeout.ms", "both", str),
-    # the consumer's group session and fetching
-    "session_timeout_ms": ("session.timeout.ms", "consumer", str),
-    "heartbeat_interval_ms": ("heartbeat.interval.ms", "consumer", str),
-    "max_poll_interval_ms": ("max.poll.interval.ms", "consumer", str),
-    "fetch_min_bytes": ("fetch.min.bytes", "consumer", str),
-    "fetch_max_wait_ms": ("fetch.wait.max.ms", "consumer", str),
-    "fetch_max_bytes": ("fetch.max.bytes", "consumer", str),
-    "max_partition_fetch_bytes": ("max.partition.fetch.bytes", "consumer", str),
-    "check_crcs": ("check.crcs", "consumer", _bool),
-    # the dead-letter producer
-    "acks": ("acks", "producer", str),
-    "linger_ms": ("linger.ms", "producer", str),
-    "batch_size": ("batch.size", "producer", str),
-    "compression_type": ("compression.type", "producer", lambda v: "none" if v is None else str(v)),
-    "delivery_timeout_ms": ("message.timeout.ms", "producer", str),
-    "request_timeout_ms": ("request.timeout.ms", "producer", str),
-    # this adapter's own: how long start-up waits for the broker, and a dead-letter send
-    "bootstrap_timeout_ms": (None, "both", str),
-    "max_block_ms": (None, "producer", str),
-}
-
-
-def librdkafka_settings(client: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """`kafka.client` (kafka-python's names, or librdkafka's with dots) -> the consumer's and
-    the producer's librdkafka settings. A kafka-python name without an equivalent here is
-    refused rather than silently dropped: a dropped security setting would fail later, obscurely."""
-    unknown = sorted(k for k in client if "." not in k and k not in CLIENT_SETTINGS)
-    if unknown:
-        raise ConfigError(f"invalid configuration: kafka.client: {', '.join(unknown)} not supported by "
-                          f"kafka.backend confluent (use librdkafka's own names, with dots, for other settings)")
-    consumer: dict[str, str] = {}
-    producer: dict[str, str] = {}
-    for name, value in client.items():
-        if "." in name:  # librdkafka's own name: both clients (each ignores the other's, with a log line)
-            consumer[name] = producer[name] = _bool(value) if isinstance(value, bool) else str(value)
-            continue
-        target, which, convert = CLIENT_SETTINGS[name]
-        if target is None:
-            continue
-        if which in ("both", "consumer"):
-            consumer[target] = convert(value)
-        if which in ("both", "producer"):
-            producer[target] = convert(value)
-    return consumer, producer
 
 
 class ConfluentSource:
@@ -140,12 +60,11 @@ class ConfluentSource:
                 "statistics.interval.ms": STATS_INTERVAL_MS,
                 "stats_cb": self._on_stats,
                 **consumer_settings})
-            self.producer = Producer({**common, "acks": "all", "linger.ms": 20,
-                                      "message.timeout.ms": DELIVERY_TIMEOUT_MS, **producer_settings})
+            self.producer: Producer = ConfluentProducer(
+                common, producer_settings, int(settings.client.get("max_block_ms", PRODUCE_BLOCK_MS)) / 1000)
         except KafkaException as e:  # a setting librdkafka refuses (a name, or a value)
-            raise ConfigError(f"invalid configuration: kafka.client: {_text(e)}") from None
+            raise ConfigError(f"invalid configuration: kafka.client: {librdkafka_text(e)}") from None
         self._bootstrap_timeout_s = int(settings.client.get("bootstrap_timeout_ms", BOOTSTRAP_TIMEOUT_MS)) / 1000
-        self._produce_block_s = int(settings.client.get("max_block_ms", PRODUCE_BLOCK_MS)) / 1000
         self._topics: list[str] = []
         self._on_assign: OnAssign = lambda partitions: {}
         self._on_revoke: OnRevoke = lambda partitions: None
@@ -174,7 +93,7 @@ class ConfluentSource:
             log.warning("Kafka client error", extra={"error": error.str(), "fatal": error.fatal()})
 
     def _on_stats(self, stats: str) -> None:
-        # The group coordinator's state, as kafka_source reads kafka-python's: "up" once a
+        # The group coordinator's state, as kafka_python.py reads kafka-python's: "up" once a
         # broker has answered as the coordinator and its connection holds.
         self._coordinator_up = json.loads(stats).get("cgrp", {}).get("state") == "up"
 
@@ -187,7 +106,7 @@ class ConfluentSource:
         try:
             offsets = self._on_assign(partitions)
         except KafkaException as e:  # the committed offsets (broker away): claimed again at the next poll
-            log.debug("claiming the assigned partitions failed; retrying", extra={"error": _text(e)})
+            log.debug("claiming the assigned partitions failed; retrying", extra={"error": librdkafka_text(e)})
             consumer.assign(assignment)
             consumer.pause(assignment)
             self._unclaimed = partitions
@@ -220,30 +139,14 @@ class ConfluentSource:
     # ---- the source
 
     def check_topics(self, topics: Sequence[str], wait_s: float = 15.0) -> int:
-        """Both topics exist with the same partition count (brief §2); returns it. Waits a
-        little for topics that were just created: their metadata takes a moment to spread."""
-        counts = {}
-        for topic in topics:
-            deadline = time.monotonic() + wait_s
-            partitions = self._partitions_for(topic)
-            while not partitions and time.monotonic() < deadline:
-                time.sleep(0.2)
-                partitions = self._partitions_for(topic)
-            if not partitions:
-                raise TopicMismatch(f"topic {topic!r} does not exist (create it with as many "
-                                    f"partitions as the other one)")
-            counts[topic] = partitions
-        if len(set(counts.values())) != 1:
-            raise TopicMismatch("topics are not co-partitioned: "
-                                + ", ".join(f"{t} has {n}" for t, n in counts.items()))
-        return next(iter(counts.values()))
+        return copartitioned(topics, self._partitions_for, wait_s)
 
     def _partitions_for(self, topic: str) -> int:
         try:
             metadata = self.consumer.list_topics(topic, timeout=self._bootstrap_timeout_s)
         except KafkaException as e:
             # librdkafka reports refused credentials and an unreachable broker alike here.
-            raise KafkaUnreachable(_text(e)) from None
+            raise KafkaUnreachable(librdkafka_text(e)) from None
         found = metadata.topics.get(topic)
         return 0 if found is None or found.error is not None else len(found.partitions)
 
@@ -314,7 +217,7 @@ class ConfluentSource:
         except KafkaException as e:
             if e.args and isinstance(e.args[0], KafkaError) and e.args[0].fatal():
                 raise
-            log.debug("poll failed; the client reconnects", extra={"error": _text(e)})
+            log.debug("poll failed; the client reconnects", extra={"error": librdkafka_text(e)})
             return []
         records = self._checked(messages) if self._changed else _records(messages)
         self._changed = False
@@ -345,22 +248,11 @@ class ConfluentSource:
                                  asynchronous=True)
         except KafkaException as e:
             # For lag tooling only: the next batch's commit carries these offsets too.
-            log.debug("commit to Kafka failed", extra={"error": _text(e)})
+            log.debug("commit to Kafka failed", extra={"error": librdkafka_text(e)})
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        deadline = time.monotonic() + self._produce_block_s
-        while True:
-            try:
-                self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=_delivered)
-                break
-            except BufferError:  # librdkafka's queue is full: wait for deliveries to make room
-                if time.monotonic() >= deadline:
-                    raise SourceUnavailable(f"cannot produce to {topic!r}: the producer's queue is full") from None
-                self.producer.poll(0.1)
-            except KafkaException as e:
-                raise SourceUnavailable(f"cannot produce to {topic!r}: {_text(e)}") from None
-        self.producer.poll(0)  # delivery reports
+        self.producer.send(topic, key, value, headers)
 
     def problem(self) -> str:
         return self._watch.problem(self._coordinator_up)
@@ -368,7 +260,7 @@ class ConfluentSource:
     def lag(self) -> dict[tuple[str, int], int]:
         # From the high watermark of librdkafka's last fetch and the position it has handed
         # out (both kept locally: no network), of the partitions consumed now. Unknown just
-        # after a seek, as in kafka_source.
+        # after a seek, as in kafka_python.
         now = time.monotonic()
         settled = [TopicPartition(t, p) for t, p in self._live
                    if now - self._seeked_at.get((t, p), 0.0) >= LAG_SETTLE_S]
@@ -392,7 +284,7 @@ class ConfluentSource:
         return lags
 
     def close(self) -> None:
-        self.producer.flush(10)
+        self.producer.close(timeout_s=10)
         self.consumer.close()  # runs the revocation callback: the pipeline lets go of its partitions
 
 
@@ -417,15 +309,3 @@ def _log_errors(messages: list[Message]) -> None:
         error = m.error()
         if error is not None and error.code() != KafkaError._PARTITION_EOF:
             log.warning("Kafka consumer error", extra={"error": error.str()})
-
-
-def _delivered(error: KafkaError | None, message: Message) -> None:
-    if error is not None:
-        log.warning("a dead-letter message was not delivered", extra={"error": error.str(), "topic": message.topic()})
-
-
-def _text(e: KafkaException) -> str:
-    """librdkafka's message (`Failed to get metadata: Local: Broker transport failure`), not
-    the KafkaError{code=…} repr."""
-    first = e.args[0] if e.args else None
-    return first.str() if isinstance(first, KafkaError) else str(e)
