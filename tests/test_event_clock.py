@@ -17,9 +17,10 @@ from rankmeter.serve import run
 from rankmeter.source import Bus, Record
 from rankmeter.store import MemoryStore
 
-# On a minute: windows are whole minutes ending with now's (windows.window_views), and now,
-# the last click 2 s after the last query, must stay in that query's minute.
-WEEK_AGO_MS = int(time.time() * 1000) // 60_000 * 60_000 - 7 * 86_400_000 + 3_600_000
+# 30 s into a minute: windows are whole minutes ending with now's (windows.window_views), and
+# now, the last click 2 s after the last query, must stay in that query's minute; off the
+# minute's start, so that a bucket rounded the wrong way would show.
+WEEK_AGO_MS = int(time.time() * 1000) // 60_000 * 60_000 + 30_000 - 7 * 86_400_000 + 3_600_000
 
 
 def test_the_event_clock_follows_the_newest_record_and_never_goes_back():

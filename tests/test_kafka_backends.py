@@ -115,3 +115,23 @@ def test_a_setting_librdkafka_refuses_is_a_configuration_error():
                                   "RANKMETER_KAFKA_CLIENT": "security_protocol=CARRIER_PIGEON"}).kafka
     with pytest.raises(config.ConfigError, match="invalid configuration: kafka.client: .*security.protocol"):
         open_source(settings)
+
+
+def test_kafka_client_settings_reach_the_producers_but_not_past_replays_acks():
+    # `kafka.client` is the dead-letter producer's (docs/security.md) and reaches the
+    # simulator's too; replay keeps acks from every replica whatever it says.
+    from rankmeter.replay import KafkaSink
+
+    settings = config.load(None, UNREACHABLE)
+    settings = msgspec.structs.replace(settings, kafka=msgspec.structs.replace(
+        settings.kafka, client={**KNOWN_VERSION, "acks": 1, "linger_ms": 5}))
+    sink = KafkaSink(settings)
+    try:
+        assert (sink.producer.producer.config["acks"], sink.producer.producer.config["linger_ms"]) == (-1, 5)
+    finally:
+        sink.producer.close(0)
+    dead_letters = open_source(settings.kafka)
+    try:
+        assert dead_letters.producer.producer.config["acks"] == 1
+    finally:
+        dead_letters.close()

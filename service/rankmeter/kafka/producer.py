@@ -27,11 +27,15 @@ log = logging.getLogger("rankmeter.kafka")
 
 Headers = list[tuple[str, bytes]]
 
-# What each use asks of kafka-python's producer; `kafka.client`'s settings override it.
+# What each use asks of kafka-python's producer; `kafka.client`'s settings override it
+# (they are the dead-letter producer's), except what a use pins.
 DEAD_LETTERS: dict[str, Any] = {"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS}
 # Every replica acknowledges a replayed record: none is lost unnoticed (`failed` counts them).
 REPLAY: dict[str, Any] = {"acks": "all", "linger_ms": 20, "batch_size": 256 * 1024}
 SIMULATOR: dict[str, Any] = {"linger_ms": 20, "batch_size": 256 * 1024}  # acks: the leader's (kafka-python's default)
+# A replayed record is acknowledged by every replica whatever `kafka.client` says: with
+# fewer, a record lost on a failover would go uncounted in `failed`.
+REPLAY_PINNED: dict[str, Any] = {"acks": "all"}
 # librdkafka's dead letters not delivered after this are dropped (kafka-python's delivery_timeout_ms).
 DELIVERY_TIMEOUT_MS = 120_000
 
@@ -52,11 +56,13 @@ class Producer(Protocol):
 class KafkaPythonProducer:
     """kafka-python's producer with the options of one use (DEAD_LETTERS, REPLAY, SIMULATOR)."""
 
-    def __init__(self, settings: KafkaSettings, options: dict[str, Any], client_id: str | None = None) -> None:
+    def __init__(self, settings: KafkaSettings, options: dict[str, Any], client_id: str | None = None,
+                 pinned: dict[str, Any] | None = None) -> None:
         ours: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(",")}
         if client_id is not None:
             ours["client_id"] = client_id
-        self.producer = KafkaProducer(**{**options, **ours, **known(settings.client, KafkaProducer.DEFAULT_CONFIG)})
+        client = known(settings.client, KafkaProducer.DEFAULT_CONFIG)
+        self.producer = KafkaProducer(**{**options, **ours, **client, **(pinned or {})})
         self.failed: Counter[str] = Counter()
         self.error = ""
 

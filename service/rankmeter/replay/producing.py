@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from rankmeter.config import Settings
-from rankmeter.kafka.producer import REPLAY, KafkaPythonProducer
+from rankmeter.kafka.producer import REPLAY, REPLAY_PINNED, KafkaPythonProducer
 from rankmeter.replay.formats import Input
 from rankmeter.replay.judgments import Judgments, judgment_events
 from rankmeter.replay.messages import FEEDBACK, IMPRESSIONS, Skipped
@@ -60,7 +60,7 @@ class KafkaSink:
     failed delivery counted per topic in `failed` rather than lost unnoticed."""
 
     def __init__(self, settings: Settings) -> None:
-        self.producer = KafkaPythonProducer(settings.kafka, REPLAY)
+        self.producer = KafkaPythonProducer(settings.kafka, REPLAY, pinned=REPLAY_PINNED)
 
     @property
     def failed(self) -> Counter[str]:
