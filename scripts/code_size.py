@@ -26,7 +26,8 @@ def sizes(root: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parent.parent / "service" / "rankmeter"))
+    default = Path(__file__).resolve().parent.parent / "service" / "rankmeter"
+    parser.add_argument("root", nargs="?", default=str(default))
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     modules, classes = sizes(Path(args.root))

@@ -1,14 +1,15 @@
-"""One poll batch, from records to persisted aggregates (brief §8), as stages run in order
-over the batch's context (context.Batch):
+"""One poll batch, from records to persisted aggregates (brief §8): stages run in this
+order over the batch's context (context.Batch), each in its own module:
 
-    intake        decode, check the key, route to the partition's work   intake.py
-    sweep         what event time made due: closed, lists complete, final  sweep.py
-    records       one read of the records the batch needs, into the cache records.py
-    joining       apply the events; settle the lists that are complete    joining.py
-    scoring       evaluate the changed queries together -> bucket deltas  scoring.py
-                  (with experiments.py and position_bias.py)
-    harvest       the queries whose clicks are final, into the harvest    position_bias.py
-    checkpoint    build -> send -> confirm: one commit for all partitions checkpoint.py
+    intake.py         decode, check the key, route each event to its partition's work
+    sweep.py          what event time has made due: queries closed, lists complete, clicks final
+    records.py        one read of the records the batch needs, into the cache
+    joining.py        apply the events to their records; settle the lists complete or due
+    scoring.py        evaluate the changed queries together -> window bucket deltas (with
+                      experiments.py: A/B sums, interleaving; position_bias.py: debiased values)
+    position_bias.py  the queries whose clicks are final, into the harvest
+    intake.py         the watermarks moved to the batch's newest event times
+    checkpoint.py     build -> send -> confirm: one store commit for every partition
 
 The pipeline owns the assigned partitions' state (partitions.py, state.py): offsets,
 window buckets, and a write-through cache of query records and their `QueryState`s (this
@@ -18,6 +19,7 @@ Redis: a `Source` feeds it, a `Store` keeps its state.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,7 +43,7 @@ from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.pipeline.sweep import SWEEP_LIMIT, Sweep
 from rankmeter.source import Record
 from rankmeter.store import Store
-from rankmeter.windows import WindowView, window_views
+from rankmeter.windows import Layout, WindowView, window_views
 
 __all__ = ["IPW", "OTHER", "PAIRS", "SWEEP_LIMIT", "Checkpoint", "PartitionState", "Pipeline", "layout_for"]
 
@@ -60,7 +62,7 @@ class Pipeline:
         layouts = Layouts(settings)
         self.layout, self.ab_layout = layouts.current, layouts.ab
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
-        self.ledger = Ledger(store, self.lock, drop=self._drop)
+        self.ledger = Ledger(store, self.lock)
         self.position_bias = PositionBias(settings, store, self.partitions)
         self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock)
         self.labels = Labels(settings, store, clock)
@@ -75,12 +77,15 @@ class Pipeline:
         # Buckets are kept while feedback can still change them and a window shows them.
         retention_ms = max(self.windows.values()) + attribution_of(settings).explicit_ms
         self._writing = Writing(self.layout.fingerprint, retention_ms, self.records.encode, self._joining.deadline)
+        # What a scrape reads. (Closures over the parts, not over `self`: no reference cycle,
+        # so a pipeline let go of is freed at once, not by a full collection.)
+        ledger, bias, experiments, held = self.ledger, self.position_bias, self.experiments, self.partitions
+        self._views = functools.partial(_views, held, self.lock, self.layout, self.windows, clock)
         self.readout = Readout(
-            views=self.views, events=self.ledger.events, folded=self.labels.folded, lost=self.ledger.lost,
-            fenced_total=lambda: self.ledger.fenced_total, open_queries=self.open_queries,
-            held=lambda: len(self.partitions), debiased=bool(self.position_bias.measures),
-            propensities=lambda: self.position_bias.propensities,
-            ab_result=lambda: self.experiments.result, interleaving_result=lambda: self.experiments.interleaving,
+            views=self._views, events=ledger.events, folded=self.labels.folded, lost=ledger.lost,
+            fenced_total=lambda: ledger.fenced_total, open_queries=functools.partial(_open_queries, held),
+            held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
+            ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----
@@ -105,7 +110,7 @@ class Pipeline:
             self.position_bias.restart()
 
     def _drop(self, refused: list[int]) -> None:
-        """Partitions whose checkpoint was refused (Ledger.refused). The harvest table holds
+        """Partitions whose checkpoint was refused (Checkpoint.confirm). The harvest table holds
         what the refused batch harvested, which was never stored: start it afresh."""
         self.revoke(refused)
         self.position_bias.restart()
@@ -145,7 +150,7 @@ class Pipeline:
         self._scoring.evaluate(batch)
         self.position_bias.harvest(batch.harvest)
         self._intake.advance_watermarks(batch)
-        checkpoint = Checkpoint.build(batch, self.partitions, self._writing, self.ledger)
+        checkpoint = Checkpoint.build(batch, self.partitions, self._writing, self.ledger, self._drop)
         self.records.trim()
         return checkpoint
 
@@ -192,12 +197,10 @@ class Pipeline:
         return self.experiments.interleaving
 
     def views(self, now_ms: int | None = None) -> list[WindowView]:
-        now_ms = int(self.clock() * 1000) if now_ms is None else now_ms
-        with self.lock:
-            return window_views([ps.buckets for ps in self.partitions.values()], self.layout, self.windows, now_ms)
+        return self._views(now_ms)
 
     def open_queries(self) -> int:
-        return sum(ps.open_queries for ps in list(self.partitions.values()))
+        return _open_queries(self.partitions)
 
     def ab_look(self, save: bool = True) -> Look | None:
         """One look at the experiment over every partition's stored sums (experiments.Experiments.look)."""
@@ -206,3 +209,14 @@ class Pipeline:
     def look_at_position_bias(self, estimate_here: bool) -> None:
         """Refresh the debiased measures' propensities (position_bias.PositionBias.look)."""
         self.position_bias.look(estimate_here)
+
+
+def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Layout, windows: dict[str, int],
+           clock: Callable[[], float], now_ms: int | None = None) -> list[WindowView]:
+    now_ms = int(clock() * 1000) if now_ms is None else now_ms
+    with lock:
+        return window_views([ps.buckets for ps in held.values()], layout, windows, now_ms)
+
+
+def _open_queries(held: Mapping[int, PartitionState]) -> int:
+    return sum(ps.open_queries for ps in list(held.values()))

@@ -51,10 +51,9 @@ class Ledger:
     """What the checkpoints have settled, across batches: the events of stored batches,
     the checkpoints whose commit failed midway (`unsure`), and the partitions refused."""
 
-    def __init__(self, store: Store, lock: threading.Lock, drop: Callable[[list[int]], None]) -> None:
+    def __init__(self, store: Store, lock: threading.Lock) -> None:
         self.store = store
         self.lock = lock   # between the batch and the exporter's scrape
-        self.drop = drop   # forgets refused partitions (the pipeline's)
         self.events: Counter[tuple[str, str]] = Counter()  # (stream, outcome), of stored batches
         self.unsure: dict[int, Unsure] = {}
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
@@ -78,6 +77,7 @@ class Ledger:
         self.unsure.pop(partition, None)
 
     def refused(self, refused: Mapping[int, str]) -> None:
+        """The refused partitions: fenced (another replica claimed them) or lost."""
         for p, why in refused.items():
             if why == FENCED:
                 log.warning("partition claimed by another replica: dropping it and rejoining",
@@ -88,8 +88,6 @@ class Ledger:
                 log.error("the state store lost this partition's state while it was consumed: "
                           "not consuming it; restart with `rankmeter serve --rebuild`", extra={"partition": p})
                 self.lost.add(p)
-        if refused:
-            self.drop(list(refused))
 
 
 @dataclass(frozen=True)
@@ -103,15 +101,19 @@ class Writing:
 
 
 class Checkpoint:
-    def __init__(self, batch: Batch, ledger: Ledger, payloads: list[PartitionCheckpoint]) -> None:
+    """One batch's checkpoint: `build` it, `send` it, `confirm` it, `commit` its offsets."""
+
+    def __init__(self, batch: Batch, ledger: Ledger, payloads: list[PartitionCheckpoint],
+                 drop: Callable[[list[int]], None]) -> None:
         self.batch = batch
         self.ledger = ledger
         self.payloads = payloads
+        self.drop = drop  # forgets refused partitions (the pipeline's)
         self.refused: dict[int, str] = {}
 
     @classmethod
-    def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing,
-              ledger: Ledger) -> Checkpoint:
+    def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
+              drop: Callable[[list[int]], None]) -> Checkpoint:
         """Step 1."""
         oldest_minute = (batch.now_ms - writing.retention_ms) // MINUTE_MS
         records: dict[int, dict[str, bytes]] = {}
@@ -155,7 +157,7 @@ class Checkpoint:
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
                 meta_deleted=meta_deleted))
-        return cls(batch, ledger, payloads)
+        return cls(batch, ledger, payloads, drop)
 
     def send(self) -> None:
         """Step 2."""
@@ -173,6 +175,8 @@ class Checkpoint:
         self.ledger.count(counts[c.partition] for c in self.payloads
                           if c.partition not in self.refused and c.partition in counts)
         self.ledger.refused(self.refused)
+        if self.refused:
+            self.drop(list(self.refused))
 
     @property
     def offsets(self) -> dict[tuple[str, int], int]:
