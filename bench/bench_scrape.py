@@ -83,7 +83,7 @@ def scrape(port: int, headers: dict[str, str]) -> tuple[float, int, str]:
 
 def measure(open_queries: int, scrapes: int) -> dict[str, tuple[float, int]]:
     pipeline = build(open_queries)
-    exporter = Exporter(pipeline, Health(), dict)
+    exporter = Exporter(pipeline.readout, Health(), dict)
     port = exporter.start("127.0.0.1", 0)
     try:
         series = sum(1 for line in exporter.render().splitlines() if line and not line.startswith(b"#"))

@@ -170,7 +170,7 @@ def test_turning_debias_on_or_off_keeps_the_experiment():
         store, bus = MemoryStore(), Bus(partitions=2)
         pipeline = started(settings, store, bus)
         feed(pipeline, bus, events)
-        names.add(pipeline._experiment())
+        names.add(pipeline.experiments.name)
         arms.append({(p, f): v for p, fields in store.load_ab([0, 1]).items() for f, v in fields.items()
                      if not f.startswith("propensity")})
     assert len(names) == 1

@@ -17,6 +17,7 @@ from rankmeter import config
 from rankmeter.debias.propensity import Harvester, Propensities
 from rankmeter.events import query_hash
 from rankmeter.pipeline import IPW, PAIRS, Pipeline
+from rankmeter.pipeline.position_bias import PositionBias
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
@@ -266,9 +267,9 @@ def test_whether_a_query_counts_is_decided_before_its_clicks():
 def test_nothing_is_debiased_before_the_first_estimate_and_each_query_is_harvested_once(monkeypatch):
     observed: list[str] = []
     harvested: list[str] = []
-    real_observe, real_harvest = Harvester.observe, Pipeline._harvest
+    real_observe, real_harvest = Harvester.observe, PositionBias.harvest
     monkeypatch.setattr(Harvester, "observe", lambda self, q, *a: (observed.append(q), real_observe(self, q, *a)))
-    monkeypatch.setattr(Pipeline, "_harvest", lambda self, due: (
+    monkeypatch.setattr(PositionBias, "harvest", lambda self, due: (
         harvested.extend(q for qids in due.values() for q in qids), real_harvest(self, due)))
     pipeline, _, _ = simulate(seed=9, queries=1_500, look=False)
     assert all(v.sums[IPW + "nDCG@10"].count == 0 for v in pipeline.views())
@@ -292,7 +293,7 @@ def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from
         return view.sums[IPW + "nDCG@10"]
 
     assert (debiased().count, debiased().value_sum) == pytest.approx((1, 2.0))
-    pipeline.harvester, pipeline._ideals = pipeline._new_harvester(), {}
+    pipeline.position_bias.restart()
     one_query(pipeline, bus, "q", [], ["d1"], START_MS)            # from the cache
     assert (debiased().count, debiased().value_sum) == pytest.approx((1, 2.0))
     pipeline.partitions[0].records.clear()
@@ -304,7 +305,7 @@ def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from
     pipeline.partitions[0].states.clear()
     for _ in range(10):
         pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
-    pipeline._ideals = {}
+    pipeline.position_bias.forget_ideals()
     bus.send(SETTINGS.kafka.feedback_topic, b"q", json.dumps(
         {"query_id": "q", "action": "click", "doc_id": "d1", "timestamp": START_MS + 2000, "event_id": "again"}).encode())
     pipeline.process(bus.poll(0, 100))

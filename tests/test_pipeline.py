@@ -557,7 +557,7 @@ def test_records_stored_by_the_previous_version_are_read_and_an_old_reader_refus
     for qid, data in store.records[0].items():
         record = codec.decode(data)
         assert isinstance(record.contribution, msgspec.msgpack.Ext)  # format 2
-        vector = first._previous([record])[0]
+        vector = first.records.previous([record])[0]
         store.records[0][qid] = msgspec.msgpack.encode(msgspec.structs.replace(record, contribution=vector.tobytes()))
     # A new process on the rewritten store: nothing cached, every record read back in format 1.
     second, feed = one_partition([], store=store)

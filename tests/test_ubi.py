@@ -419,7 +419,7 @@ def test_a_batch_another_replica_replayed_and_committed_is_not_counted_again_on_
     store.fail = "before"   # replica A's first checkpoint is not stored; A keeps it as unsure
     with pytest.raises(ConnectionError):
         a.send([("impressions", qid, _native(qid, t))])
-    assert a.pipeline._unsure[0][1] == {("impressions", "applied"): 1}
+    assert a.pipeline.ledger.unsure[0].counts == {("impressions", "applied"): 1}
     a.pipeline.revoke(list(a.pipeline.partitions), reclaiming=True)
     b = Feed(store)          # replica B takes the partitions over, replays and counts the batch
     b.bus = a.bus

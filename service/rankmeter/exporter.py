@@ -22,7 +22,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFam
                                    Metric)
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from rankmeter.pipeline import IPW, Pipeline
+from rankmeter.pipeline import IPW
+from rankmeter.pipeline.readout import Readout
 from rankmeter.windows import BIN_EDGES
 
 log = logging.getLogger("rankmeter.exporter")
@@ -53,9 +54,9 @@ class Health:
 
 
 class PipelineCollector:
-    def __init__(self, pipeline: Pipeline, lag: Callable[[], dict[tuple[str, int], int]],
+    def __init__(self, readout: Readout, lag: Callable[[], dict[tuple[str, int], int]],
                  lag_seconds: Callable[[], dict[tuple[str, int], float]] = dict) -> None:
-        self.pipeline = pipeline
+        self.readout = readout
         self.lag = lag
         self.lag_seconds = lag_seconds
 
@@ -93,7 +94,7 @@ class PipelineCollector:
         debiased_denominator = GaugeMetricFamily(
             "rankmeter_debiased_quality_denominator", "Denominator of rankmeter_debiased_quality.",
             labels=debiased_labels)
-        views = self.pipeline.views()
+        views = self.readout.views()
         for view in views:
             base = [view.ranker, view.segment, view.window]
             for metric, counts in view.distributions.items():
@@ -118,20 +119,20 @@ class PipelineCollector:
                         quality.add_metric(key, num / den)
                 squares.add_metric([metric, *base], s.value_squares)
         yield from (quality, numerator, denominator, squares, queries, distribution)
-        if self.pipeline.debiased:
+        if self.readout.debiased:
             yield from (debiased, debiased_numerator, debiased_denominator, *self._propensities())
         yield self._ranker_info(sorted({v.ranker for v in views}))
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
                                      labels=["stream", "outcome"])
-        for (stream, outcome), n in sorted(dict(self.pipeline.events).items()):  # dict(): one C-level copy
+        for (stream, outcome), n in sorted(dict(self.readout.events).items()):  # dict(): one C-level copy
             events.add_metric([stream, outcome], n)
         yield events
         folded = CounterMetricFamily("rankmeter_labels_folded",
                                      "Ranker or segment values folded into `other` by the cap.",
                                      labels=["label"])
         for kind in ("ranker", "segment"):
-            folded.add_metric([kind], self.pipeline.folded[kind])
+            folded.add_metric([kind], self.readout.folded[kind])
         yield folded
         lag = GaugeMetricFamily("rankmeter_consumer_lag", "Records behind the end of each "
                                 "assigned partition.", labels=["topic", "partition"])
@@ -145,22 +146,22 @@ class PipelineCollector:
             lag_seconds.add_metric([topic, str(partition)], seconds)
         yield lag_seconds
         yield GaugeMetricFamily("rankmeter_open_queries", "Queries still open for feedback "
-                                "(held in the state store).", value=self.pipeline.open_queries())
+                                "(held in the state store).", value=self.readout.open_queries())
         yield GaugeMetricFamily("rankmeter_assigned_partitions", "Partitions this process holds.",
-                                value=len(self.pipeline.partitions))
+                                value=self.readout.held())
         lost = GaugeMetricFamily("rankmeter_state_lost", "1 for a partition whose stored state is "
                                  "gone while Kafka has consumed it: not consumed until `rankmeter "
                                  "serve --rebuild`.", labels=["partition"])
-        for p in sorted(self.pipeline.lost):
+        for p in sorted(self.readout.lost):
             lost.add_metric([str(p)], 1)
         yield lost
         yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
                                   "replica had claimed the partition (this one had stalled).",
-                                  value=self.pipeline.fenced_total)
+                                  value=self.readout.fenced_total())
         yield from self._experiment()  # last: it returns early without an experiment
 
     def _propensities(self) -> Iterator[Metric]:
-        found = self.pipeline.propensities
+        found = self.readout.propensities()
         relative = GaugeMetricFamily(
             "rankmeter_propensity", "Estimated probability that a user examines each rank, relative "
             "to rank 1 (intervention harvesting across rankers): the weights of the debiased measures.",
@@ -176,7 +177,7 @@ class PipelineCollector:
         yield from (relative, support)
 
     def _ranker_info(self, rankers: list[str]) -> Metric:
-        production = self.pipeline.settings.alerts.production_rankers
+        production = self.readout.production_rankers
         info = GaugeMetricFamily("rankmeter_ranker_info", "1 per ranker exported; role=\"production\" for "
                                  "alerts.production_rankers (every ranker when that is empty): their quality "
                                  "alerts page, the others' warn.", labels=["ranker", "role"])
@@ -196,7 +197,7 @@ class PipelineCollector:
         p_value = GaugeMetricFamily(
             "rankmeter_interleaving_p_value", "Always-valid p-value for a preference != 0 (mSPRT, running "
             "minimum).", labels=labels)
-        for r in self.pipeline.interleaving_result:
+        for r in self.readout.interleaving_result():
             for outcome, n in ((r.team_a, r.wins_a), (r.team_b, r.wins_b), ("tie", r.ties)):
                 queries.add_metric([r.experiment, outcome], n)
             if math.isfinite(r.estimate.delta):
@@ -207,7 +208,7 @@ class PipelineCollector:
 
     def _experiment(self) -> Iterator[Metric]:
         yield from self._interleaving()
-        result = self.pipeline.ab_result
+        result = self.readout.ab_result()
         if result is None:
             return
         labels = ["metric", "ranker", "baseline", "segment", "average"]
@@ -242,11 +243,11 @@ class PipelineCollector:
 
 
 class Exporter:
-    def __init__(self, pipeline: Pipeline, health: Health,
+    def __init__(self, readout: Readout, health: Health,
                  lag: Callable[[], dict[tuple[str, int], int]],
                  lag_seconds: Callable[[], dict[tuple[str, int], float]] = dict) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(PipelineCollector(pipeline, lag, lag_seconds))
+        self.registry.register(PipelineCollector(readout, lag, lag_seconds))
         self.batch_duration = Histogram(
             "rankmeter_batch_duration_seconds", "Time to process one poll batch, end to end.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, math.inf),

@@ -48,7 +48,7 @@ class QueryRecord(msgspec.Struct, array_like=True):
     # the list is complete, and the (position, document, time) of its impression events so far.
     header: Impression | None = None
     shown: list[tuple[int, str, int]] = []
-    # Whether the query is in the debiased measures (pipeline._debiased_values), decided at
+    # Whether the query is in the debiased measures (pipeline/position_bias.py), decided at
     # its first evaluation, whatever clicks come later: 0 not yet, 1 in, 2 out.
     debiased: int = 0
 

@@ -31,8 +31,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter.checkpoint import Checkpoint
-from rankmeter.store import FENCED, LOST, PartitionSnapshot, layout_history, meta_state
+from rankmeter.store import FENCED, LOST, PartitionCheckpoint, PartitionSnapshot, layout_history, meta_state
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -45,7 +44,7 @@ end
 return 0
 """
 
-# A checkpoint (checkpoint.py), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
+# A checkpoint (store.PartitionCheckpoint), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
 # ARGV: epoch, layout, then counted sections: records (id, record), deadlines (score, id),
 # buckets, offsets, watermarks and metadata, arm sums (field, value); deleted records,
 # dropped buckets, deleted metadata fields (ids).
@@ -167,10 +166,10 @@ class RedisStore:
             results = pipe.execute()
         return dict(zip(wanted, results))
 
-    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+    def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
         # One script per partition: its keys share a slot, so it works on Redis Cluster
-        # too, and Redis runs it whole or not at all (checkpoint.py lists the steps). On one
-        # Redis the scripts go in one pipeline: one round trip per batch, not per partition
+        # too, and Redis runs it whole or not at all (store.PartitionCheckpoint lists the
+        # steps). On one Redis the scripts go in one pipeline: one round trip per batch, not per partition
         # (each still applies or is refused on its own; the caller treats a connection lost
         # midway as every checkpoint unsure).
         calls = [(c.partition, self._commit_keys(c.partition), self._commit_args(c)) for c in checkpoints]
@@ -204,7 +203,7 @@ class RedisStore:
         return [self._key(partition, name) for name in ("meta", "queries", "open", "buckets", "offsets", "ab")]
 
     @staticmethod
-    def _commit_args(c: Checkpoint) -> list:
+    def _commit_args(c: PartitionCheckpoint) -> list:
         args: list = [c.epoch, c.layout]
         sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
                     list(c.buckets.items()), list(c.offsets.items()),

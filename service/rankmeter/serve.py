@@ -60,54 +60,22 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     tune_gc()
     health = Health()
     k = settings.kafka
-
-    def dead_letter(record: Record, reason: str) -> None:
-        # The producer buffers while the broker is away; when it cannot take more, the batch
-        # waits here (alive, not ready) rather than fail: nothing of it is stored yet.
-        delay = RECOVERY_BACKOFF_S[0]
-        while True:
-            try:
-                source.produce(k.dead_letter_topic, record.key, record.value, dead_letter_headers(record, reason))
-                return
-            except SourceUnavailable as e:
-                health.source_problem = f"Kafka unavailable: {e}"
-                log.warning("the dead-letter topic cannot take a message; retrying",
-                            extra={"error": str(e), "retry_in_s": delay})
-            health.beat()
-            if stop.wait(delay):
-                raise _Stopped
-            delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
-
-    pipeline = Pipeline(settings, store, dead_letter, clock=clock)
-    unavailable = store.unavailable
-    lag: dict[tuple[str, int], int] = {}
-    newest: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest record timestamp consumed
-
-    def lag_seconds() -> dict[tuple[str, int], float]:
-        """Event time behind, per partition: 0 when caught up, else now minus the newest
-        record consumed (unknown, and left out, until one is)."""
-        now_ms, seen = clock() * 1000, dict(newest)  # dict(): one copy, while the loop writes
-        return {tp: 0.0 if n == 0 else max(now_ms - seen[tp], 0.0) / 1000
-                for tp, n in dict(lag).items() if tp[1] in pipeline.partitions and (n == 0 or tp in seen)}
-
-    # Only partitions held now: the lag is sampled once a second, a rebalance at any time.
-    exporter = Exporter(pipeline, health,
-                        lambda: {tp: n for tp, n in dict(lag).items() if tp[1] in pipeline.partitions}, lag_seconds)
+    pipeline = Pipeline(settings, store, _dead_letters(source, k.dead_letter_topic, health, stop), clock=clock)
+    lag = _Lag(pipeline, clock)
+    exporter = Exporter(pipeline.readout, health, lag.held, lag.seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
-
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
 
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
         try:
             resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0])
-        except unavailable as e:
+        except store.unavailable as e:
             # The store is away while claiming: the partitions stay paused; the loop recovers.
             health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
             return {}
         rebuilding[0] = False
         health.ready = True
-        lag.clear()  # positions restart at the stored offsets: earlier samples mean nothing now
-        pipeline.caught_up = set()
+        lag.restart()  # positions restart at the stored offsets: earlier samples mean nothing now
         return resume
 
     if threading.current_thread() is threading.main_thread():
@@ -124,9 +92,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     try:
         while not stop.is_set():
             if health.store_problem:
-                _recover(pipeline, source, store, health, stop)
-                lag.clear()
-                pipeline.caught_up = set()
+                _recover(pipeline, source, health, stop)
+                lag.restart()
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
             health.beat()
@@ -136,14 +103,11 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             if records or time.monotonic() - last_idle_sweep >= 1.0:
                 last_idle_sweep = time.monotonic()
                 started = time.perf_counter()
-                if isinstance(clock, EventClock):
-                    clock.see(records)
-                for r in records:
-                    if r.timestamp > newest.get((r.topic, r.partition), -1):
-                        newest[(r.topic, r.partition)] = r.timestamp
+                lag.see(records)
                 try:
-                    offsets = pipeline.process(records)
-                except unavailable as e:
+                    checkpoint = pipeline.apply(records)   # the stages: intake ... scoring
+                    checkpoint.send()                      # one commit to the store, all partitions
+                except store.unavailable as e:
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
                     log.error("the state store failed during a batch; reloading from it once it answers",
@@ -157,37 +121,107 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # the stored state and offsets, is safe.
                     log.exception("a batch failed; exiting so that a restart resumes from the stored offsets")
                     raise
+                checkpoint.confirm()                       # counted; refused partitions dropped
                 if records:
                     exporter.batch_duration.observe(time.perf_counter() - started)
                     exporter.batch_records.observe(len(records))
-                source.commit(offsets)
+                checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
-                if pipeline.fenced:
-                    pipeline.revoke(list(pipeline.partitions))
-                    pipeline.fenced.clear()
-                    source.rejoin()
-                if pipeline.lost - paused:
-                    source.pause(sorted(pipeline.lost - paused))  # lost while consumed: stop reading it
-                    paused |= pipeline.lost
+                paused |= _refused(pipeline, source, paused)
             health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S:
-                lag.clear()
-                lag.update(source.lag())
-                pipeline.caught_up = {tp for tp, behind in lag.items() if behind == 0}
+                lag.sample(source)
                 last_lag = now
             if now - last_ab >= AB_INTERVAL_S:
                 last_ab = now
-                _look_at_experiment(pipeline, unavailable)
+                _look_at_experiment(pipeline, store.unavailable)
             if now - last_progress >= PROGRESS_INTERVAL_S:
                 log.info("progress", extra={"records": consumed, "per_second": round(consumed / (now - last_progress)),
-                                            "lag": sum(lag.values()), "open_queries": pipeline.open_queries()})
+                                            "lag": lag.total(), "open_queries": pipeline.open_queries()})
                 consumed, last_progress = 0, now
     finally:
         log.info("stopping: the last batch is persisted; closing the consumer")
         source.close()
         store.close()
         exporter.stop()
+
+
+def _dead_letters(source: Source, topic: str, health: Health, stop: threading.Event
+                  ) -> Callable[[Record, str], None]:
+    def dead_letter(record: Record, reason: str) -> None:
+        # The producer buffers while the broker is away; when it cannot take more, the batch
+        # waits here (alive, not ready) rather than fail: nothing of it is stored yet.
+        delay = RECOVERY_BACKOFF_S[0]
+        while True:
+            try:
+                source.produce(topic, record.key, record.value, dead_letter_headers(record, reason))
+                return
+            except SourceUnavailable as e:
+                health.source_problem = f"Kafka unavailable: {e}"
+                log.warning("the dead-letter topic cannot take a message; retrying",
+                            extra={"error": str(e), "retry_in_s": delay})
+            health.beat()
+            if stop.wait(delay):
+                raise _Stopped
+            delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
+    return dead_letter
+
+
+class _Lag:
+    """The consumer's lag per (topic, partition) held, sampled once a second, and the
+    newest record timestamp consumed: what the pipeline's `caught_up` and the exporter's
+    lag gauges read."""
+
+    def __init__(self, pipeline: Pipeline, clock: Callable[[], float]) -> None:
+        self.pipeline = pipeline
+        self.clock = clock
+        self.records: dict[tuple[str, int], int] = {}
+        self.newest: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest record timestamp consumed
+
+    def restart(self) -> None:
+        self.records.clear()
+        self.pipeline.caught_up = set()
+
+    def see(self, records: list[Record]) -> None:
+        if isinstance(self.clock, EventClock):
+            self.clock.see(records)
+        newest = self.newest
+        for r in records:
+            if r.timestamp > newest.get((r.topic, r.partition), -1):
+                newest[(r.topic, r.partition)] = r.timestamp
+
+    def sample(self, source: Source) -> None:
+        self.records.clear()
+        self.records.update(source.lag())
+        self.pipeline.caught_up = {tp for tp, behind in self.records.items() if behind == 0}
+
+    def total(self) -> int:
+        return sum(self.records.values())
+
+    def held(self) -> dict[tuple[str, int], int]:
+        """Only partitions held now: the lag is sampled once a second, a rebalance at any time."""
+        return {tp: n for tp, n in dict(self.records).items() if tp[1] in self.pipeline.partitions}
+
+    def seconds(self) -> dict[tuple[str, int], float]:
+        """Event time behind, per partition: 0 when caught up, else now minus the newest
+        record consumed (unknown, and left out, until one is)."""
+        now_ms, seen = self.clock() * 1000, dict(self.newest)  # dict(): one copy, while the loop writes
+        return {tp: 0.0 if n == 0 else max(now_ms - seen[tp], 0.0) / 1000
+                for tp, n in dict(self.records).items() if tp[1] in self.pipeline.partitions and (n == 0 or tp in seen)}
+
+
+def _refused(pipeline: Pipeline, source: Source, paused: set[int]) -> set[int]:
+    """After a batch: rejoin the group when a partition was fenced; stop reading those
+    whose state was lost while consumed. Returns the partitions paused now."""
+    if pipeline.fenced:
+        pipeline.revoke(list(pipeline.partitions))
+        pipeline.fenced.clear()
+        source.rejoin()
+    lost = pipeline.lost - paused
+    if lost:
+        source.pause(sorted(lost))
+    return set(pipeline.lost) if lost else set()
 
 
 def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:
@@ -198,7 +232,7 @@ def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], 
         # 0's holder estimates them, the others read its estimate.
         pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions)
         if 0 not in pipeline.partitions:
-            pipeline.ab_result, pipeline.interleaving_result = None, []
+            pipeline.experiments.forget()
             return
         pipeline.ab_look()
     except unavailable:
@@ -222,8 +256,7 @@ def _lost_problem(pipeline: Pipeline) -> str:
             f"restart with `rankmeter serve --rebuild` to rebuild them from the topics")
 
 
-def _recover(pipeline: Pipeline, source: Source, store: Store, health: Health,
-             stop: threading.Event) -> None:
+def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event) -> None:
     """Wait for the store with bounded backoff (staying alive, not ready), then reload
     the assigned partitions from it and resume the consumer at the stored offsets."""
     pipeline.revoke(list(pipeline.partitions), reclaiming=True)

@@ -2,10 +2,10 @@
 owner's epoch.
 
 Everything about partition p lives together (in Redis under one hash tag), and a poll
-batch's changes are committed with the partition's new offsets as one `Checkpoint`
-(checkpoint.py), so a crash keeps both or neither (brief §8). `MemoryStore` is the
-embedded implementation for the demo and unit tests; `RedisStore` (redis_store.py) is
-the real one.
+batch's changes are committed with the partition's new offsets as one
+`PartitionCheckpoint` (built and sent by pipeline/checkpoint.py), so a crash keeps both
+or neither (brief §8). `MemoryStore` is the embedded implementation for the demo and
+unit tests; `RedisStore` (redis_store.py) is the real one.
 """
 
 from __future__ import annotations
@@ -13,9 +13,48 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
-from rankmeter.checkpoint import Checkpoint
-
 FENCED, LOST = "fenced", "lost"  # why a checkpoint was refused
+
+
+class PartitionCheckpoint(NamedTuple):
+    """Everything one poll batch changed in one partition, committed at once. Its state
+    (query records, their deadlines, window buckets), the offsets of both topics that
+    produced it, the event-time watermarks, the owner's epoch and the layout the sums are
+    written in travel together, and the store applies it in one atomic step (one Lua
+    script on the partition's hash tag in Redis), in this order:
+
+        1. check the epoch: the partition is still ours. A newer owner has claimed it (this
+           process stalled past the poll interval: a zombie) -> refused, nothing written
+           (store.FENCED). The epoch is gone (Redis lost its data) -> refused (store.LOST).
+        2. write the records that changed, with their event-time deadlines;
+        3. delete the records that closed (or were orphaned);
+        4. write the buckets that changed, delete the ones past every window, write the
+           experiment's arm sums that changed;
+        5. record the layout fingerprint the buckets are written in (and, after a
+           configuration change, the partition's layout history and the new description),
+           the checkpoint's mark (its owner's epoch and a number), and the queries
+           assembling their lists;
+        6. record the new offsets and watermarks.
+
+    A crash before the step keeps the previous checkpoint whole; replay after a restart
+    skips what a stored offset says was applied (exactly-once effect). Kafka's own commit
+    follows, for lag tooling only: offsets are resumed from the store.
+    """
+
+    partition: int
+    epoch: int                      # the owner's claim (see Store.claim)
+    layout: str                     # Layout.fingerprint of buckets and records
+    offsets: dict[str, int]         # topic -> next offset to read
+    watermarks: dict[str, int]      # topic -> highest event time applied (ms)
+    records: dict[str, bytes]       # query id -> encoded QueryRecord
+    deadlines: dict[str, int]       # query id -> event time at which it closes (ms)
+    deleted: list[str]              # query ids closed or orphaned
+    buckets: dict[str, bytes]       # bucket field -> encoded sums
+    dropped_buckets: list[str]      # buckets past every window
+    ab: dict[str, bytes] = {}       # experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
+    meta: dict[str, str] = {}       # partition metadata: the layout history and descriptions, the
+                                    # checkpoint's mark (pipeline/checkpoint.py), lists assembling
+    meta_deleted: list[str] = []    # metadata fields to delete (lists settled)
 
 
 class PartitionSnapshot(NamedTuple):
@@ -24,10 +63,10 @@ class PartitionSnapshot(NamedTuple):
     watermarks: dict[str, int]
     layout: str                  # fingerprint of the stored buckets' layout ("" if none)
     buckets: dict[str, bytes]
-    ab: dict[str, bytes] = {}    # experiment arm sums (checkpoint.Checkpoint.ab)
+    ab: dict[str, bytes] = {}    # experiment arm sums (PartitionCheckpoint.ab)
     history: list[str] = []      # the partition's layout fingerprints, oldest first
     descriptions: dict[str, str] = {}  # fingerprint -> windows.Layout description
-    mark: str = ""               # "epoch:number" of the last checkpoint stored (checkpoint.Checkpoint.meta)
+    mark: str = ""               # "epoch:number" of the last checkpoint stored (PartitionCheckpoint.meta)
     lists: dict[str, int] = {}   # queries assembling their list from impression events -> their time
 
 
@@ -44,7 +83,7 @@ class Store(Protocol):
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         """Query records of several partitions in one round trip (None where unknown)."""
 
-    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+    def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
         """Each checkpoint atomically; returns the refused ones: partition -> FENCED or LOST."""
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
@@ -123,7 +162,7 @@ class MemoryStore:
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         return {p: [self.records.get(p, {}).get(q) for q in qids] for p, qids in wanted.items()}
 
-    def commit(self, checkpoints: Iterable[Checkpoint]) -> dict[int, str]:
+    def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
         refused = {}
         for c in checkpoints:
             p = c.partition

@@ -7,9 +7,8 @@ import uuid
 
 import pytest
 
-from rankmeter.checkpoint import Checkpoint
 from rankmeter.redis_store import RedisStore
-from rankmeter.store import FENCED, LOST
+from rankmeter.store import FENCED, LOST, PartitionCheckpoint
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +22,10 @@ def store(redis_url):
     s.close()
 
 
-def checkpoint(epoch: int, **changes) -> Checkpoint:
+def checkpoint(epoch: int, **changes) -> PartitionCheckpoint:
     base = dict(partition=0, epoch=epoch, layout="L", offsets={}, watermarks={}, records={}, deadlines={},
                 deleted=[], buckets={}, dropped_buckets=[], ab={}, meta={})
-    return Checkpoint(**{**base, **changes})
+    return PartitionCheckpoint(**{**base, **changes})
 
 
 def test_a_checkpoint_writes_every_section_in_chunks(store):

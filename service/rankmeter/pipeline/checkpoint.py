@@ -1,0 +1,189 @@
+"""The checkpoint: what one batch changed, committed through the store, in five steps.
+
+    1. Build (`Checkpoint.build`), per partition the batch changed: the records written
+       and their event-time deadlines; the records closed, deleted (those that never had
+       an impression counted as orphaned); the buckets changed (every bucket after a
+       configuration change) and those past every window dropped; the A/B sums changed;
+       the metadata (layout history, lists being assembled) and the checkpoint's mark,
+       `epoch:number`, which tells its owner later whether it was stored.
+    2. Send (`send`): every partition's checkpoint in one `store.commit`, one round trip;
+       the store applies each whole or refuses it (store.py, PartitionCheckpoint). If the
+       store fails midway, nobody can tell which were stored: each partition's batch is
+       unsure (its mark and counts kept in the `Ledger`) and the failure is raised.
+    3. Confirm (`confirm`): the batch's events are counted for the partitions applied;
+       the refused ones are fenced (another replica claimed them) or lost (their state
+       is gone), and dropped.
+    4. Settle at claim (`Ledger.claimed`): when an unsure partition is claimed again, its
+       batch is counted if the last checkpoint stored carries the unsure one's mark (a
+       newer owner's checkpoints carry their own epoch).
+    5. Hand the offsets to the source (`commit`): Kafka's commit is for lag tooling only;
+       offsets are resumed from the store.
+
+Nothing else calls `store.commit`. Send and confirm are separate so that one batch's
+commit can overlap decoding the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from rankmeter.join import QueryRecord
+from rankmeter.pipeline.context import Batch, Outcomes
+from rankmeter.pipeline.state import PartitionState
+from rankmeter.source import Source
+from rankmeter.store import FENCED, PartitionCheckpoint, Store
+from rankmeter.windows import MINUTE_MS
+
+log = logging.getLogger("rankmeter.pipeline")
+
+
+class Unsure(NamedTuple):
+    mark: str          # the checkpoint's mark (PartitionCheckpoint.meta["mark"])
+    counts: Outcomes   # its batch's events, counted if it was stored after all
+
+
+class Ledger:
+    """What the checkpoints have settled, across batches: the events of stored batches,
+    the checkpoints whose commit failed midway (`unsure`), and the partitions refused."""
+
+    def __init__(self, store: Store, lock: threading.Lock) -> None:
+        self.store = store
+        self.lock = lock   # between the batch and the exporter's scrape
+        self.events: Counter[tuple[str, str]] = Counter()  # (stream, outcome), of stored batches
+        self.unsure: dict[int, Unsure] = {}
+        self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
+        self.fenced: set[int] = set()   # partitions another replica took over (rejoin)
+        self.fenced_total = 0
+
+    def count(self, counts: Iterable[Outcomes]) -> None:
+        with self.lock:
+            for c in counts:
+                self.events.update(c)
+
+    def claimed(self, partition: int, mark: str) -> None:
+        """Step 4: the partition is ours again; its unsure batch counts if it was stored."""
+        self.lost.discard(partition)
+        self.fenced.discard(partition)
+        unsure = self.unsure.pop(partition, None)
+        if unsure is not None and unsure.mark == mark:
+            self.count([unsure.counts])
+
+    def forget(self, partition: int) -> None:
+        self.unsure.pop(partition, None)
+
+    def refused(self, refused: Mapping[int, str]) -> None:
+        """The refused partitions: fenced (another replica claimed them) or lost."""
+        for p, why in refused.items():
+            if why == FENCED:
+                log.warning("partition claimed by another replica: dropping it and rejoining",
+                            extra={"partition": p})
+                self.fenced.add(p)
+                self.fenced_total += 1
+            else:
+                log.error("the state store lost this partition's state while it was consumed: "
+                          "not consuming it; restart with `rankmeter serve --rebuild`", extra={"partition": p})
+                self.lost.add(p)
+
+
+@dataclass(frozen=True)
+class Writing:
+    """How the pipeline's state is written: the layout's fingerprint, how long buckets are
+    kept, a record's encoding and its deadline."""
+    layout: str
+    retention_ms: int
+    encode: Callable[[QueryRecord], bytes]
+    deadline: Callable[[QueryRecord], int]
+
+
+class Checkpoint:
+    """One batch's checkpoint: `build` it, `send` it, `confirm` it, `commit` its offsets."""
+
+    def __init__(self, batch: Batch, ledger: Ledger, payloads: list[PartitionCheckpoint],
+                 drop: Callable[[list[int]], None]) -> None:
+        self.batch = batch
+        self.ledger = ledger
+        self.payloads = payloads
+        self.drop = drop  # forgets refused partitions (the pipeline's)
+        self.refused: dict[int, str] = {}
+
+    @classmethod
+    def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
+              drop: Callable[[list[int]], None]) -> Checkpoint:
+        """Step 1."""
+        oldest_minute = (batch.now_ms - writing.retention_ms) // MINUTE_MS
+        records: dict[int, dict[str, bytes]] = {}
+        deadlines: dict[int, dict[str, int]] = {}
+        for k, r in batch.touched.items():
+            r.layout = str(len(held[k.partition].history) - 1)
+            records.setdefault(k.partition, {})[k.query_id] = writing.encode(r)
+            deadlines.setdefault(k.partition, {})[k.query_id] = writing.deadline(r)
+        payloads = []
+        pending = {p for p, ps in held.items() if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted}
+        for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending:
+            ps = held[p]
+            ps.offsets.update(batch.advanced.get(p, {}))
+            written = records.get(p, {})
+            deleted = []
+            for qid in batch.expired.get(p, []):
+                if qid in written:
+                    continue  # events in this batch: its new deadline decides
+                record = ps.records.pop(qid, None)
+                ps.states.pop(qid, None)
+                if record is not None and record.impression is None:
+                    batch.count(p)[("feedback", "orphaned")] += len(record.pending) + len(record.shown)
+                ps.lists.pop(qid, None)
+                deleted.append(qid)
+            with ledger.lock:
+                dropped = [b for b in ps.buckets if b.minute < oldest_minute]
+                for b in dropped:
+                    del ps.buckets[b]
+            rewrite = ps.buckets if ps.rewrite_buckets else batch.dirty_buckets.get(p, ())
+            buckets = {b.encode(): ps.buckets[b].tobytes() for b in rewrite if b in ps.buckets}
+            ab = {f: ps.ab[f].tobytes() for f in (ps.ab if ps.rewrite_buckets else ps.dirty_ab)}
+            ps.rewrite_buckets = False
+            ps.dirty_ab = set()
+            dropped_fields = [b.encode() for b in dropped] + ps.drop_fields
+            meta, ps.meta, ps.drop_fields = ps.meta, {}, []
+            meta_deleted, ps.meta_deleted = ps.meta_deleted, []
+            ps.checkpoints += 1
+            meta["mark"] = f"{ps.epoch}:{ps.checkpoints}"
+            payloads.append(PartitionCheckpoint(
+                partition=p, epoch=ps.epoch, layout=writing.layout, offsets=dict(ps.offsets),
+                watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
+                deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
+                meta_deleted=meta_deleted))
+        return cls(batch, ledger, payloads, drop)
+
+    def send(self) -> None:
+        """Step 2."""
+        store = self.ledger.store
+        try:
+            self.refused = store.commit(self.payloads)
+        except store.unavailable:
+            for c in self.payloads:
+                self.ledger.unsure[c.partition] = Unsure(c.meta["mark"], self.batch.counts.get(c.partition, Counter()))
+            raise
+
+    def confirm(self) -> None:
+        """Step 3."""
+        counts = self.batch.counts
+        self.ledger.count(counts[c.partition] for c in self.payloads
+                          if c.partition not in self.refused and c.partition in counts)
+        self.ledger.refused(self.refused)
+        if self.refused:
+            self.drop(list(self.refused))
+
+    @property
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The next offsets to read of the partitions applied."""
+        return {(topic, p): offset for p, topics in self.batch.advanced.items() if p not in self.refused
+                for topic, offset in topics.items()}
+
+    def commit(self, source: Source) -> None:
+        """Step 5."""
+        source.commit(self.offsets)
