@@ -309,7 +309,7 @@ def test_lost_state_is_refused_unless_rebuilt():
     pipeline = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
     bus.subscribe([IMPRESSIONS, FEEDBACK], pipeline.assign, pipeline.revoke)
     bus.send(IMPRESSIONS, b"q", json.dumps(impression("q", now_ms)[1]).encode())
-    bus.commit(pipeline.process(bus.poll(0, 100)))
+    pipeline.process(bus.poll(0, 100)).commit(bus)
     store.wipe(0)   # Redis restarted empty, Kafka kept the group's commits
     second = Pipeline(SETTINGS, store, lambda r, why: None, Clock())
     assert second.assign([0], bus.committed([0])) == {} and second.lost == {0}

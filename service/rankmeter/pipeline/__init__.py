@@ -117,10 +117,11 @@ class Pipeline:
 
     # ---- one batch ----
 
-    def process(self, records: list[Record]) -> dict[tuple[str, int], int]:
-        """Apply one poll batch and persist it; returns the offsets to commit to Kafka.
-        Partitions whose checkpoint the store refused are dropped and listed in `fenced`
-        or `lost`: the caller rejoins the group, or stops consuming them."""
+    def process(self, records: list[Record]) -> Checkpoint:
+        """Apply one poll batch and persist it (sent and confirmed); the caller hands its
+        offsets to the source (`Checkpoint.commit`). Partitions whose checkpoint the store
+        refused are dropped and listed in `fenced` or `lost`: the caller rejoins the group,
+        or stops consuming them. (serve runs `apply`, `send` and `confirm` itself.)"""
         return self._persist(self.apply(records))
 
     def apply(self, records: list[Record]) -> Checkpoint:
@@ -130,7 +131,7 @@ class Pipeline:
         self._sweep.run(batch)
         return self._step(batch)
 
-    def end_of_input(self) -> dict[tuple[str, int], int]:
+    def end_of_input(self) -> Checkpoint:
         """Settle every list still being assembled from impression events, as if event time
         had passed their settle deadlines, and persist them: the end of a replayed file."""
         batch = Batch(int(self.clock() * 1000), self.caught_up)
@@ -138,10 +139,10 @@ class Pipeline:
         return self._persist(self._step(batch))
 
     @staticmethod
-    def _persist(checkpoint: Checkpoint) -> dict[tuple[str, int], int]:
+    def _persist(checkpoint: Checkpoint) -> Checkpoint:
         checkpoint.send()
         checkpoint.confirm()
-        return checkpoint.offsets
+        return checkpoint
 
     def _step(self, batch: Batch) -> Checkpoint:
         self.records.load(batch)

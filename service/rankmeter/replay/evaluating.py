@@ -48,13 +48,13 @@ def evaluate(settings: Settings, bus: Bus, progress: Progress | None = None) -> 
     total, done = sum(bus.lag().values()), 0
     while batch := bus.poll(0, k.max_poll_records):
         clock.see(batch)
-        bus.commit(pipeline.process(batch))
+        pipeline.process(batch).commit(bus)
         # As serve does from the consumer lag: a topic read to its end holds no query open.
         pipeline.caught_up = {tp for tp, behind in bus.lag().items() if behind == 0}
         done += len(batch)
         if progress is not None:
             progress(done, f"{done:,}/{total:,} records")
-    pipeline.end_of_input()  # the lists still being assembled: no more impression events will come
+    pipeline.end_of_input().commit(bus)  # the lists still being assembled: no more impression events will come
     return Evaluated(pipeline.views(), clock.now_ms, Counter(pipeline.events), invalid)
 
 
