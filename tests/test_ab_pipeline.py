@@ -117,6 +117,20 @@ def test_no_statistic_before_each_arm_has_min_queries():
     assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
 
 
+def test_only_partition_0s_holder_keeps_the_experiments_result():
+    start = NOW_MS - 600_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
+    events, _ = experiment_stream(2, 200, start)
+    store, bus = MemoryStore(), Bus(partitions=2)
+    pipeline = started(settings, store, bus)
+    feed(pipeline, bus, events)
+    assert pipeline.ab_look() is not None and pipeline.ab_result is not None
+    pipeline.revoke([1])
+    assert pipeline.ab_result is not None  # partition 0 still held: it exports the experiment
+    pipeline.revoke([0])
+    assert pipeline.ab_result is None and pipeline.interleaving_result == []
+
+
 def test_enrolment_is_by_impression_time_alone_and_feedback_never_enrols():
     """Every impression stamped from ab.start on is enrolled, in whatever order partitions
     see them; one stamped before is not, and a later click does not enrol it either (that

@@ -200,6 +200,19 @@ def test_a_rebalance_keeps_the_pooled_table_a_store_failure_starts_it_afresh():
         np.testing.assert_array_equal(pipeline.partitions[p].pair_sums, np.frombuffer(store.load_ab([p])[p][PAIRS]))
 
 
+def test_a_refused_checkpoint_starts_the_pooled_table_afresh():
+    """A fenced replica's table holds what its refused batch harvested, never stored."""
+    clock, bus, store = Clock(START_MS), Bus(partitions=1), MemoryStore()
+    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline.harvester.observe(query_hash("tv"), ["d0", "d1"], {"d0"}, {"d0": 1.0})
+    one_query(pipeline, bus, "q1", ["d0", "d1"], ["d0"], START_MS)
+    assert len(pipeline.harvester.entries) > 0 and pipeline.fenced == set()
+    store.claim(0)  # another replica takes the partition over
+    one_query(pipeline, bus, "q2", ["d1", "d0"], [], START_MS)
+    assert pipeline.fenced == {0} and len(pipeline.harvester.entries) == 0
+
+
 def test_turning_debias_on_with_open_queries_changes_no_raw_sum():
     """Debias off for the first 20 minutes, then a restart with it on while queries are
     open: every raw sum is what it would have been with debias on all along (the

@@ -107,6 +107,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 try:
                     checkpoint = pipeline.apply(records)   # the stages: intake ... scoring
                     checkpoint.send()                      # one commit to the store, all partitions
+                    checkpoint.confirm()                   # counted; refused partitions dropped
                 except store.unavailable as e:
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
@@ -121,7 +122,6 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # the stored state and offsets, is safe.
                     log.exception("a batch failed; exiting so that a restart resumes from the stored offsets")
                     raise
-                checkpoint.confirm()                       # counted; refused partitions dropped
                 if records:
                     exporter.batch_duration.observe(time.perf_counter() - started)
                     exporter.batch_records.observe(len(records))

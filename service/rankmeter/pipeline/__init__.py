@@ -109,11 +109,14 @@ class Pipeline:
             # (and will be replayed). A rebalance keeps it: every batch harvested before it was stored.
             self.position_bias.restart()
 
-    def _drop(self, refused: list[int]) -> None:
-        """Partitions whose checkpoint was refused (Checkpoint.confirm). The harvest table holds
-        what the refused batch harvested, which was never stored: start it afresh."""
-        self.revoke(refused)
-        self.position_bias.restart()
+    def _settled(self, refused: list[int]) -> None:
+        """A checkpoint confirmed (Checkpoint.confirm): drop the partitions it was refused
+        for (the harvest table holds what the refused batch harvested, which was never
+        stored: start it afresh), then bound the record cache (what it forgets is stored)."""
+        if refused:
+            self.revoke(refused)
+            self.position_bias.restart()
+        self.records.trim()
 
     # ---- one batch ----
 
@@ -151,9 +154,7 @@ class Pipeline:
         self._scoring.evaluate(batch)
         self.position_bias.harvest(batch.harvest)
         self._intake.advance_watermarks(batch)
-        checkpoint = Checkpoint.build(batch, self.partitions, self._writing, self.ledger, self._drop)
-        self.records.trim()
-        return checkpoint
+        return Checkpoint.build(batch, self.partitions, self._writing, self.ledger, self._settled)
 
     # ---- what the run loop and the exporter read ----
 

@@ -59,6 +59,9 @@ class Ledger:
         self.lost: set[int] = set()     # partitions whose stored state is gone (not consumed)
         self.fenced: set[int] = set()   # partitions another replica took over (rejoin)
         self.fenced_total = 0
+        # Partitions wiped for `--rebuild` and not checkpointed since: a rebalance before
+        # their first checkpoint rebuilds them again instead of finding them lost.
+        self.rebuilding: set[int] = set()
 
     def count(self, counts: Iterable[Outcomes]) -> None:
         with self.lock:
@@ -101,19 +104,26 @@ class Writing:
 
 
 class Checkpoint:
-    """One batch's checkpoint: `build` it, `send` it, `confirm` it, `commit` its offsets."""
+    """One batch's checkpoint: `build` it, `send` it, `confirm` it, `commit` its offsets,
+    in that order (a step out of order raises: counting or committing a batch that was not
+    stored would count it twice, or make the next owner find its partition lost)."""
 
-    def __init__(self, batch: Batch, ledger: Ledger, payloads: list[PartitionCheckpoint],
-                 drop: Callable[[list[int]], None]) -> None:
-        self.batch = batch
+    def __init__(self, ledger: Ledger, payloads: list[PartitionCheckpoint], counts: dict[int, Outcomes],
+                 advanced: dict[int, dict[str, int]], settled: Callable[[list[int]], None]) -> None:
+        # What the steps need of the batch, and no more: the batch's events and records
+        # are not kept alive while the next batch is read.
         self.ledger = ledger
         self.payloads = payloads
-        self.drop = drop  # forgets refused partitions (the pipeline's)
+        self.partitions = [c.partition for c in payloads]
+        self.counts = counts      # partition -> the batch's event outcomes
+        self.advanced = advanced  # partition -> topic -> the next offset read
+        self.settled = settled    # the pipeline's, at confirm: drop the refused partitions, trim the cache
         self.refused: dict[int, str] = {}
+        self.step = "built"
 
     @classmethod
     def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
-              drop: Callable[[list[int]], None]) -> Checkpoint:
+              settled: Callable[[list[int]], None]) -> Checkpoint:
         """Step 1."""
         oldest_minute = (batch.now_ms - writing.retention_ms) // MINUTE_MS
         records: dict[int, dict[str, bytes]] = {}
@@ -157,33 +167,45 @@ class Checkpoint:
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
                 meta_deleted=meta_deleted))
-        return cls(batch, ledger, payloads, drop)
+        return cls(ledger, payloads, batch.counts, batch.advanced, settled)
+
+    def _at(self, step: str, then: str) -> None:
+        if self.step != step:
+            raise RuntimeError(f"checkpoint step out of order: {then} after {self.step}")
+        self.step = then
 
     def send(self) -> None:
         """Step 2."""
+        self._at("built", "sent")
         store = self.ledger.store
         try:
             self.refused = store.commit(self.payloads)
         except store.unavailable:
             for c in self.payloads:
-                self.ledger.unsure[c.partition] = Unsure(c.meta["mark"], self.batch.counts.get(c.partition, Counter()))
+                self.ledger.unsure[c.partition] = Unsure(c.meta["mark"], self.counts.get(c.partition, Counter()))
             raise
+        finally:
+            self.payloads = []  # sent or unsure: the bytes are not needed again
 
     def confirm(self) -> None:
         """Step 3."""
-        counts = self.batch.counts
-        self.ledger.count(counts[c.partition] for c in self.payloads
-                          if c.partition not in self.refused and c.partition in counts)
+        self._at("sent", "confirmed")
+        applied = [p for p in self.partitions if p not in self.refused]
+        self.ledger.count(self.counts[p] for p in applied if p in self.counts)
+        self.ledger.rebuilding.difference_update(applied)
         self.ledger.refused(self.refused)
-        if self.refused:
-            self.drop(list(self.refused))
+        self.settled(list(self.refused))
 
     @property
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offsets to read of the partitions applied."""
-        return {(topic, p): offset for p, topics in self.batch.advanced.items() if p not in self.refused
+        if self.step not in ("confirmed", "committed"):
+            raise RuntimeError(f"checkpoint step out of order: offsets after {self.step}")
+        return {(topic, p): offset for p, topics in self.advanced.items() if p not in self.refused
                 for topic, offset in topics.items()}
 
     def commit(self, source: Source) -> None:
         """Step 5."""
-        source.commit(self.offsets)
+        offsets = self.offsets
+        self._at("confirmed", "committed")
+        source.commit(offsets)

@@ -51,7 +51,7 @@ class Claims:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
             if not snapshot.offsets:
                 had_state = any(committed.get((t, p), 0) > 0 for t in self.topics)
-                if had_state and not rebuild:
+                if had_state and not (rebuild or p in self.ledger.rebuilding):
                     log.error("the state store has no state for a partition that Kafka has consumed: "
                               "not consuming it; restart with `rankmeter serve --rebuild` to rebuild it "
                               "from the topics", extra={"partition": p})
@@ -60,6 +60,7 @@ class Claims:
                 if had_state:
                     log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
                     self.store.wipe(p)
+                    self.ledger.rebuilding.add(p)
                     snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
                                                  descriptions={})
                 snapshot = snapshot._replace(offsets={t: 0 for t in self.topics})
