@@ -138,7 +138,9 @@ class Serve:
             self.process = None
 
     def __enter__(self) -> Serve:
-        return self.start()
+        # `with serve.start(...)` is started already: a second process would fail to bind
+        # the port while the first answered for it, and be left running after the test.
+        return self if self.process is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         if self.process is not None:
