@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
-PYTEST_ARGS ?= -v
+PYTEST_ARGS ?= -v --durations=30
 
 .PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-debias-cost bench-alerts demo demo-full docs clean
 
