@@ -267,6 +267,15 @@ class Replay:
         self.log.close()
 
 
+_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], value)
+
+
 class Samples:
     """Scraped series, kept for the TSDB: (family, type) -> series -> [(t_ms, value)]."""
 
@@ -275,22 +284,26 @@ class Samples:
         self.series: dict[tuple[str, str], dict[tuple[str, tuple[tuple[str, str], ...]], list]] = {}
 
     def add(self, text: str, t_ms: int) -> None:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        # Only the kept families' lines are parsed: the exposition's histograms are most of it.
-        kept = "\n".join(line for line in text.splitlines()
-                         if line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total") in KEPT_FAMILIES
-                         or line.startswith("#") and line.split(" ", 3)[2:3]
-                         and line.split(" ", 3)[2].removesuffix("_total") in KEPT_FAMILIES)
-        for family in text_string_to_metric_families(kept + "\n"):
-            if family.name.removesuffix("_total") not in KEPT_FAMILIES:
+        # A line parser of our own exposition's counters and gauges (prometheus_client's
+        # parser took 60 ms a scrape, two thirds of the replay, over 2,000 scrapes a run).
+        family: tuple[str, str] | None = None
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split(" ", 3)
+                kept = name.removesuffix("_total") in KEPT_FAMILIES
+                family = (name.removesuffix("_total") if kind == "counter" else name, kind) if kept else None
                 continue
-            per = self.series.setdefault((family.name, family.type), {})
-            for s in family.samples:
-                if s.name.endswith("_created") or s.labels.get("metric", "nDCG@10") not in KEPT_METRICS:
-                    continue
-                labels = tuple(sorted({**s.labels, "job": "rankmeter", "instance": self.instance}.items()))
-                per.setdefault((s.name, labels), []).append((t_ms, s.value))
+            if family is None or line.startswith("#") or not line:
+                continue
+            sample = _SAMPLE.fullmatch(line)
+            if sample is None:
+                raise ValueError(f"cannot read the exposition line {line[:200]!r}")
+            name, label_text, value = sample.groups()
+            labels = {k: _unescape(v) for k, v in _LABEL.findall(label_text or "")}
+            if name.endswith("_created") or labels.get("metric", "nDCG@10") not in KEPT_METRICS:
+                continue
+            key = (name, tuple(sorted({**labels, "job": "rankmeter", "instance": self.instance}.items())))
+            self.series.setdefault(family, {}).setdefault(key, []).append((t_ms, float(value)))
         # The scrape succeeded: Prometheus would record up = 1.
         self.series.setdefault(("up", "gauge"), {}).setdefault(
             ("up", (("instance", self.instance), ("job", "rankmeter"))), []).append((t_ms, 1.0))
