@@ -114,6 +114,14 @@ class KafkaSource:
                     found[(topic, p)] = offset
         return found
 
+    def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        wanted = [TopicPartition(t, p) for t in self._subscription[0] for p in partitions]
+        if not wanted:
+            return {}
+        starts = self.consumer.beginning_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+        ends = self.consumer.end_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+        return {(tp.topic, tp.partition): (starts[tp], ends[tp]) for tp in wanted if tp in starts and tp in ends}
+
     def pause(self, partitions: list[int]) -> None:
         self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in partitions])
 
