@@ -220,6 +220,14 @@ class RedisStore:
             args += ids
         return args
 
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        partitions = list(partitions)
+        with self.client.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.hget(self._key(p, "meta"), "mark")
+            found = pipe.execute()
+        return {p: (m or b"").decode() for p, m in zip(partitions, found)}
+
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         partitions = list(watermarks)
         with self.client.pipeline(transaction=False) as pipe:

@@ -137,6 +137,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.sample(source)
                 last_lag = now
+                _verify(pipeline, source, health)
             if now - last_ab >= AB_INTERVAL_S:
                 last_ab = now
                 _look_at_experiment(pipeline, store.unavailable)
@@ -264,6 +265,17 @@ def _lost_problem(pipeline: Pipeline) -> str:
                         f"({'; '.join(stopped[p] for p in sorted(stopped))}); set kafka.on_offsets_reset: "
                         f"resume to go on from the new log")
     return "; ".join(problems)
+
+
+def _verify(pipeline: Pipeline, source: Source, health: Health) -> None:
+    """Once a second: the store still holds the held partitions' last checkpoints (an idle
+    partition commits nothing that could be refused); claim again those it lost."""
+    try:
+        pipeline.verify()
+    except pipeline.store.unavailable:
+        return  # the next batch meets the store's failure and recovers
+    if pipeline.rewound:
+        _reclaim(pipeline, source, health)
 
 
 def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> None:

@@ -102,6 +102,13 @@ class Bus:
             return {(t, p): (self.starts.get((t, p), 0), len(self.logs.get(t, [[]] * self.partitions)[p]))
                     for t in self.topics for p in partitions}
 
+    def recreate(self, topic: str) -> None:
+        """The topic deleted and created again: empty, from offset 0."""
+        with self._lock:
+            self.logs[topic] = [[] for _ in range(self.partitions)]
+            for key in [k for k in self.starts if k[0] == topic]:
+                del self.starts[key]
+
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Records below `before` deleted (their offsets are kept, as in Kafka's log)."""
         with self._lock:
@@ -124,8 +131,11 @@ class Bus:
                 log = self.logs.get(t)
                 if log is None:
                     continue
-                # Below the log start (truncate): reset to it, as Kafka's auto.offset.reset earliest.
-                position = max(position, self.starts.get((t, p), 0))
+                # Outside the log (truncate, recreate): reset to its start, as Kafka's
+                # auto.offset.reset earliest.
+                start = self.starts.get((t, p), 0)
+                if not start <= position <= len(log[p]):
+                    position = start
                 taken = log[p][position:position + max_records - len(out)]
                 out.extend(taken)
                 self.positions[(t, p)] = position + len(taken)

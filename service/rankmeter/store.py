@@ -92,6 +92,9 @@ class Store(Protocol):
     def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
         """Each checkpoint atomically; returns the refused ones: partition -> FENCED, LOST or REWOUND."""
 
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        """The mark of each partition's last stored checkpoint ("" when none), in one round trip."""
+
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         """Per partition: up to `limit` query ids whose deadline is at or before the
         partition's watermark, and how many queries are open."""
@@ -197,6 +200,9 @@ class MemoryStore:
             self.offsets.setdefault(p, {}).update(c.offsets)
             self.watermarks.setdefault(p, {}).update(c.watermarks)
         return refused
+
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        return {p: self.meta.get(p, {}).get("mark", "") for p in partitions}
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         out = {}

@@ -43,7 +43,7 @@ from rankmeter.pipeline.scoring import Scoring
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.pipeline.sweep import SWEEP_LIMIT, Sweep
 from rankmeter.source import Record
-from rankmeter.store import Store
+from rankmeter.store import REWOUND, Store
 from rankmeter.windows import Layout, WindowView, window_views
 
 __all__ = ["IPW", "OTHER", "PAIRS", "SWEEP_LIMIT", "Checkpoint", "PartitionState", "Pipeline", "layout_for"]
@@ -125,6 +125,18 @@ class Pipeline:
             self.revoke(refused)
             self.position_bias.restart()
         self.records.trim()
+
+    def verify(self) -> None:
+        """Whether the store still holds each held partition's last checkpoint: a restore or
+        a failover may lose it while the partition is idle (no commit to refuse). Those it
+        lost are dropped and listed in `rewound`, for the caller to claim again; a mark of a
+        newer epoch is another owner's (the next commit is fenced)."""
+        ours = {p: ps.mark for p, ps in self.partitions.items() if ps.mark}
+        rewound = {p: REWOUND for p, stored in self.store.marks(list(ours)).items()
+                   if stored != ours[p] and _epoch(stored) <= self.partitions[p].epoch}
+        if rewound:
+            self.ledger.refused(rewound)
+            self._settled(list(rewound))
 
     # ---- one batch ----
 
@@ -240,6 +252,10 @@ def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Lay
     now_ms = int(clock() * 1000) if now_ms is None else now_ms
     with lock:
         return window_views([ps.buckets for ps in held.values()], layout, windows, now_ms)
+
+
+def _epoch(mark: str) -> int:
+    return int(mark.partition(":")[0] or 0)
 
 
 def _open_queries(held: Mapping[int, PartitionState]) -> int:
