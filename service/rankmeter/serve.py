@@ -282,7 +282,11 @@ def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> None:
     """The store lost the last checkpoints of some partitions (their commit was refused and
     they were dropped): claim them again from what it holds, and read Kafka again from there;
     the other partitions go on where they are."""
-    rewound = sorted(pipeline.rewound)
+    assigned = set(source.assigned())
+    rewound = sorted(pipeline.rewound & assigned)
+    pipeline.ledger.rewound &= assigned  # those revoked since are the next owner's to claim
+    pipeline.ledger.recheck &= assigned
+    pipeline.revoke(rewound)  # dropped already, but those rechecked
     try:
         resume = pipeline.assign(rewound, source.committed(rewound), bounds=source.bounds(rewound))
     except Exception as e:  # the store or the broker away: reload everything once they answer

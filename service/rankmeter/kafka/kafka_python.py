@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaConfigurationError, KafkaError
+from kafka.errors import KafkaConfigurationError, KafkaError, UnknownTopicOrPartitionError
 from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
@@ -118,8 +118,11 @@ class KafkaSource:
         wanted = [TopicPartition(t, p) for t in self._subscription[0] for p in partitions]
         if not wanted:
             return {}
-        starts = self.consumer.beginning_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
-        ends = self.consumer.end_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+        try:
+            starts = self.consumer.beginning_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+            ends = self.consumer.end_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+        except KeyError as e:  # kafka-python 3.0's answer for a topic it has no metadata of (deleted)
+            raise UnknownTopicOrPartitionError(f"no metadata for {e}") from None
         return {(tp.topic, tp.partition): (starts[tp], ends[tp]) for tp in wanted if tp in starts and tp in ends}
 
     def pause(self, partitions: list[int]) -> None:

@@ -192,8 +192,9 @@ class Pipeline:
 
     @property
     def rewound(self) -> set[int]:
-        """Partitions refused because the store lost their last checkpoints: claim them again."""
-        return self.ledger.rewound
+        """Partitions to claim again from the store: it lost their last checkpoints (refused,
+        dropped), or their log's bounds could not be read when a record was not the next."""
+        return self.ledger.rewound | self.ledger.recheck
 
     @property
     def stopped(self) -> Mapping[int, str]:

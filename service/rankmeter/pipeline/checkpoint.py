@@ -71,6 +71,7 @@ class Ledger:
         self.offsets_reset: Counter[tuple[str, int, str]] = Counter()
         self.offsets_skipped: Counter[tuple[str, int]] = Counter()
         self.stopped: dict[int, str] = {}
+        self.recheck: set[int] = set()  # not known whether its log was reset: claim it again
 
     def count(self, counts: Iterable[Outcomes]) -> None:
         with self.lock:
@@ -82,6 +83,7 @@ class Ledger:
         self.lost.discard(partition)
         self.fenced.discard(partition)
         self.stopped.pop(partition, None)
+        self.recheck.discard(partition)
         unsure = self.unsure.pop(partition, None)
         if unsure is not None and unsure.mark == mark:
             self.count([unsure.counts])

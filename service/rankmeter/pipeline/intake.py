@@ -33,11 +33,11 @@ class Intake:
         # (Attributes read once: this loop runs once per record.)
         partitions, impressions_topic, feedback_topic = self.held, self.impressions_topic, self.feedback_topic
         impression, feedback = self.decoder.impression, self.decoder.feedback
-        stopped, checked = self.checks.ledger.stopped, set[tuple[str, int]]()
+        stopped, recheck, checked = self.checks.ledger.stopped, self.checks.ledger.recheck, set[tuple[str, int]]()
         for r in records:
             ps = partitions.get(r.partition)
-            if ps is None or r.partition in stopped:
-                continue  # not ours, or refused (its offsets went backwards)
+            if ps is None or r.partition in stopped or r.partition in recheck:
+                continue  # not ours, or refused (its offsets went backwards), or to be claimed again
             read = advanced.get(r.partition)
             expected = None if read is None else read.get(r.topic)
             if expected is None:

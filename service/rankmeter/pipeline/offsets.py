@@ -68,15 +68,16 @@ class OffsetChecks:
     def in_stream(self, ps: PartitionState, p: int, topic: str, expected: int, offset: int) -> int | None:
         """A record at `offset` where `expected` was next: the offset now expected (unchanged
         for a benign gap, as transaction markers leave, or a record read again), or None:
-        the partition is refused."""
+        the partition is refused, or to be claimed again (`Ledger.recheck`)."""
         if self.query is None:
             return expected
         try:
             bounds = self.query([p]).get((topic, p))
-        except Exception as e:  # the broker away: nothing to tell; the claim checks again
-            log.warning("cannot read the log's bounds", extra={"topic": topic, "partition": p,
-                                                                 "error": type(e).__name__})
-            return expected
+        except Exception as e:  # cannot tell (the topic's metadata gone a moment): claim it again
+            log.warning("cannot read the log's bounds: claiming the partition again from the store",
+                        extra={"topic": topic, "partition": p, "error": type(e).__name__})
+            self.ledger.recheck.add(p)
+            return None
         if bounds is None or (cause := moved(expected, *bounds)) is None:
             return expected
         start = self.found(topic, p, cause, expected, *bounds)
