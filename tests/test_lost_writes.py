@@ -218,3 +218,28 @@ def test_a_gap_the_log_still_spans_is_no_reset():
     records = bus.poll(0, 100)
     loop.pipeline.process([r for r in records if r.offset != 2]).commit(bus)
     assert dict(loop.pipeline.ledger.offsets_reset) == {} and queries(loop.pipeline) == 5
+
+
+def test_the_experiments_running_statistics_lost_are_found_and_carried_on():
+    """The A/B running minimum p and confidence-sequence bounds are written apart from the
+    partitions' checkpoints: a look that reads back older ones counts it and goes on from
+    what its holder saved (a lost write never moves the running minimum p back up)."""
+    from test_ab_pipeline import ENV, NOW_MS, experiment_stream, feed, started
+    start = NOW_MS - 600_000
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
+    events, _ = experiment_stream(5, 600, start)
+    store, bus = MemoryStore(), Bus(partitions=3)
+    pipeline = started(settings, store, bus)
+    feed(pipeline, bus, events[:200])
+    pipeline.ab_look()
+    older = copy.deepcopy(store.running)
+    feed(pipeline, bus, events[200:])
+    pipeline.ab_look()
+    assert store.running != older
+    control = copy.deepcopy(store)       # what a look finds without the loss
+    store.running = older                # Redis put back to an earlier copy
+    got = pipeline.ab_look()
+    assert pipeline.experiments.running_lost == 1
+    expected = started(settings, control, Bus(partitions=3)).ab_look()
+    assert [c.running for c in got.comparisons] == [c.running for c in expected.comparisons]
+    assert store.running == control.running

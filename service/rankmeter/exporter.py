@@ -182,6 +182,9 @@ class PipelineCollector:
         for (topic, p), n in sorted(dict(self.readout.offsets_skipped).items()):
             skipped.add_metric([topic, str(p)], n)
         yield skipped
+        yield CounterMetricFamily("rankmeter_ab_running_lost", "Looks at the A/B experiment that found its stored "
+                                  "running statistics older than this process last saved (carried on from memory).",
+                                  value=self.readout.ab_running_lost())
 
     def _propensities(self) -> Iterator[Metric]:
         found = self.readout.propensities()

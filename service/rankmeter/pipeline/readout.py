@@ -21,6 +21,7 @@ class Readout:
     checkpoints_lost: Mapping[int, int]             # partition -> losses of its last checkpoints found
     offsets_reset: Mapping[tuple[str, int, str], int]   # (topic, partition, cause) -> resets found
     offsets_skipped: Mapping[tuple[str, int], int]  # (topic, partition) -> offsets skipped resuming
+    ab_running_lost: Callable[[], int]              # looks that found the A/B running statistics lost
     fenced_total: Callable[[], int]                 # checkpoints refused: another replica claimed
     open_queries: Callable[[], int]
     held: Callable[[], int]                         # partitions held
