@@ -5,6 +5,8 @@ stored offset (the admin client's delete_records)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 import uuid
 
@@ -13,8 +15,9 @@ import redis
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
+from redis.cluster import RedisCluster
 
-from serving import Serve, produce, unique_topics, wait_until
+from serving import Serve, free_port, produce, unique_topics, wait_until
 from test_faults import assert_exact, counter, delete_prefix, messages_of, produce_chunk, reference, split
 from test_restart import FAST_FAILOVER, aggregates, caught_up
 
@@ -192,3 +195,116 @@ def test_records_deleted_below_the_stored_offset_are_refused_then_the_gap_report
         assert sum(skipped.values()) == len(unread)
     finally:
         serve.stop()
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above it) is a valid port too."""
+    while (port := free_port()) > 55535:
+        pass
+    return port
+
+
+class PrivateCluster:
+    """A Redis Cluster of three masters, each with one replica, of this test's own (never
+    the harness's), on free ports."""
+
+    def __init__(self, directory) -> None:
+        self.ports = [cluster_port() for _ in range(6)]
+        self.directory = directory
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    def start(self) -> PrivateCluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> PrivateCluster:
+        for port in self.ports:
+            node = self.directory / str(port)
+            node.mkdir(parents=True)
+            log = open(node / "redis.log", "ab")
+            self.processes[port] = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node), "--save", "",
+                 "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000"], stdout=log, stderr=log)
+        wait_until(lambda: all(self._answers(p) for p in self.ports), 30, "the cluster's nodes to answer")
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        wait_until(lambda: all(self.node(p).cluster("info")["cluster_state"] == "ok" for p in self.ports), 30,
+                   "the cluster to be ok")
+        wait_until(lambda: all(self.node(r).info("replication")["master_link_status"] == "up"
+                               for r in self.replicas()), 30, "the replicas to be in sync")
+        return self
+
+    @staticmethod
+    def _answers(port: int) -> bool:
+        try:
+            return redis.Redis(port=port, socket_timeout=1).ping()
+        except redis.RedisError:
+            return False
+
+    @staticmethod
+    def node(port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=5, decode_responses=True)
+
+    def replicas(self) -> list[int]:
+        return [p for p in self.ports if self.node(p).info("replication")["role"] == "slave"]
+
+    def replica_of(self, master: int) -> int:
+        return next(r for r in self.replicas() if self.node(r).info("replication")["master_port"] == master)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_a_failover_to_a_replica_behind_is_found_and_recovered_exactly(kafka_bootstrap, redis_url, tmp_path):
+    cluster = PrivateCluster(tmp_path / "cluster").start()
+    topics = unique_topics(kafka_bootstrap)
+    first, second, third = split(messages_of(topics, seed=59, queries=600), 0.4, 0.7)
+    prefix = f"rm-{uuid.uuid4().hex[:6]}"
+    url = f"redis://127.0.0.1:{cluster.ports[0]}/0"
+    serve = Serve(kafka_bootstrap, url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix,
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100", "RANKMETER_REDIS_CLUSTER": "true"},
+                  log_path=tmp_path / "serve.log")
+    client = RedisCluster(host="127.0.0.1", port=cluster.ports[1])
+    stored = Stored(kafka_bootstrap, client, prefix, topics)
+    try:
+        serve.start()
+        produce_chunk(kafka_bootstrap, topics, first)
+        wait_until(stored, 60, "the first chunk stored")
+        # The replica of partition 0's master stops (replication stalls) while writes go on.
+        master = client.get_node_from_key(f"{prefix}:{{{prefix}:0}}:meta").port
+        replica = cluster.replica_of(master)
+        cluster.processes[replica].send_signal(signal.SIGSTOP)
+        # More than the sockets between them buffer (else the replica, resumed, would still
+        # read what was sent before the master died): the writes after it stay in the master.
+        cluster.node(master).set(f"padding:{{{prefix}:0}}", b"x" * (32 << 20))
+        produce_chunk(kafka_bootstrap, topics, second)
+        wait_until(stored, 60, "the second chunk stored on the master")
+        cluster.processes[master].kill()
+        cluster.processes[replica].send_signal(signal.SIGCONT)
+        cluster.node(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        wait_until(lambda: counter(serve, "rankmeter_checkpoints_lost_total") >= 1, 60, "the lost tail to be found")
+        wait_until(stored, 60, "the lost tail read again")
+        # What Redis holds is whole: a restarted serve (memory gone) exports the exact sums.
+        assert serve.stop() == 0
+        produce_chunk(kafka_bootstrap, topics, third)
+        # Through a node still up; in a group of its own (the old member's session need not
+        # expire first: offsets resume from Redis either way).
+        serve.env.update(RANKMETER_REDIS_URL=f"redis://127.0.0.1:{replica}/0",
+                         RANKMETER_KAFKA_GROUP_ID=f"g-{uuid.uuid4().hex[:6]}")
+        serve.start()
+        wait_until(lambda: stored() and caught_up(serve), 60, "serve to catch up")
+        got = aggregates(serve)
+    finally:
+        serve.stop()
+        stored.close()
+        client.close()
+        cluster.stop()
+    expected, _ = reference(kafka_bootstrap, redis_url, topics, tmp_path)
+    assert_exact(got, expected)
