@@ -92,17 +92,24 @@ def test_the_store_refuses_a_checkpoint_unless_it_holds_the_owners_last_mark():
     assert store.commit([checkpoint(4, "1:2", "1:4")]) == {0: FENCED}
 
 
-def test_writes_lost_mid_run_are_refused_reclaimed_and_the_result_exact():
-    stream = make_stream(7, queries=80)
+def put_back(seed: int, batches: int, batch: int) -> tuple[dict, Bus, MemoryStore, Loop]:
+    """A stream's reference sums; a loop that ran `batches` batches, then as many more that
+    the store then lost (put back to its copy taken between them: Kafka's commit is ahead)."""
+    stream = make_stream(seed, queries=80)
     reference = sums(run(stream))
     bus, store = filled(stream), MemoryStore()
     loop = Loop(store, bus)
-    for _ in range(4):
-        loop.step(25)
+    for _ in range(batches):
+        loop.step(batch)
     saved = copy.deepcopy(store.__dict__)   # the copy Redis will be put back to
-    for _ in range(4):
-        loop.step(25)                       # checkpoints (and Kafka commits) the store then loses
+    for _ in range(batches):
+        loop.step(batch)
     store.__dict__.update(copy.deepcopy(saved))
+    return reference, bus, store, loop
+
+
+def test_writes_lost_mid_run_are_refused_reclaimed_and_the_result_exact():
+    reference, bus, store, loop = put_back(7, 4, 25)
     loop.drain()
     lost = dict(loop.pipeline.ledger.checkpoints_lost)
     assert lost and set(lost.values()) == {1}, lost
@@ -113,17 +120,9 @@ def test_writes_lost_mid_run_are_refused_reclaimed_and_the_result_exact():
 
 
 def test_a_claim_finds_kafka_ahead_of_the_store_and_resumes_from_what_it_holds():
-    stream = make_stream(8, queries=80)
-    reference = sums(run(stream))
-    bus, store = filled(stream), MemoryStore()
-    first = Loop(store, bus)
-    for _ in range(3):
-        first.step(30)
-    saved = copy.deepcopy(store.__dict__)
-    for _ in range(3):
-        first.step(30)
-    store.__dict__.update(copy.deepcopy(saved))   # lost while no process ran (a restart from an old copy)
-    ahead = {p for (t, p), o in bus.committed([0, 1, 2]).items() if o > saved["offsets"].get(p, {}).get(t, 0)}
+    # Lost while no process ran (a restart from an old copy).
+    reference, bus, store, _ = put_back(8, 3, 30)
+    ahead = {p for (t, p), o in bus.committed([0, 1, 2]).items() if o > store.offsets.get(p, {}).get(t, 0)}
     assert ahead
     second = Loop(store, bus)
     assert dict(second.pipeline.ledger.checkpoints_lost) == {p: 1 for p in ahead}
@@ -149,15 +148,25 @@ def test_lost_writes_whose_offsets_kafka_no_longer_holds_are_state_lost():
 
 # ---- offsets going backwards ----
 
+def fed(settings: config.Settings, n: int) -> tuple[Bus, MemoryStore, Loop]:
+    """A one-partition bus holding `n` impressions, and a loop on a fresh store."""
+    bus, store = Bus(partitions=1), MemoryStore()
+    loop = Loop(store, bus, settings)
+    send(bus, [impression(f"q{i}", int(NOW_S * 1000)) for i in range(n)])
+    return bus, store, loop
+
+
+def recreate(bus: Bus) -> None:
+    """The impressions topic deleted and created again, with two records."""
+    bus.recreate(IMPRESSIONS)
+    send(bus, [impression(f"n{i}", int(NOW_S * 1000)) for i in range(2)])
+
+
 def test_a_recreated_topic_is_refused_at_claim_by_default_and_resumed_when_configured():
-    now_ms = int(NOW_S * 1000)
     for settings in (SETTINGS, RESUME):
-        bus, store = Bus(partitions=1), MemoryStore()
-        first = Loop(store, bus, settings)
-        send(bus, [impression(f"q{i}", now_ms) for i in range(5)])
+        bus, store, first = fed(settings, 5)
         first.drain()
-        bus.recreate(IMPRESSIONS)
-        send(bus, [impression(f"n{i}", now_ms) for i in range(2)])
+        recreate(bus)
         second = Loop(store, bus, settings)
         second.drain()
         reset = dict(second.pipeline.ledger.offsets_reset)
@@ -172,11 +181,8 @@ def test_a_recreated_topic_is_refused_at_claim_by_default_and_resumed_when_confi
 
 
 def test_records_deleted_before_they_were_read_are_found_mid_run():
-    now_ms = int(NOW_S * 1000)
     for settings in (SETTINGS, RESUME):
-        bus, store = Bus(partitions=1), MemoryStore()
-        loop = Loop(store, bus, settings)
-        send(bus, [impression(f"q{i}", now_ms) for i in range(10)])
+        bus, store, loop = fed(settings, 10)
         loop.step(3)
         bus.truncate(IMPRESSIONS, 0, 6)   # delete_records while the consumer is behind
         loop.drain()
@@ -190,14 +196,10 @@ def test_records_deleted_before_they_were_read_are_found_mid_run():
 
 
 def test_a_topic_recreated_mid_run_is_found_and_the_new_log_read_when_resuming():
-    now_ms = int(NOW_S * 1000)
     for settings in (SETTINGS, RESUME):
-        bus, store = Bus(partitions=1), MemoryStore()
-        loop = Loop(store, bus, settings)
-        send(bus, [impression(f"q{i}", now_ms) for i in range(5)])
+        bus, store, loop = fed(settings, 5)
         loop.drain()
-        bus.recreate(IMPRESSIONS)
-        send(bus, [impression(f"n{i}", now_ms) for i in range(2)])
+        recreate(bus)
         loop.drain()
         assert dict(loop.pipeline.ledger.offsets_reset) == {(IMPRESSIONS, 0, "recreated"): 1}
         if settings is SETTINGS:
@@ -211,10 +213,7 @@ def test_a_topic_recreated_mid_run_is_found_and_the_new_log_read_when_resuming()
 
 def test_a_gap_the_log_still_spans_is_no_reset():
     """Transaction markers leave gaps in offsets: not a reset when the log holds the offset."""
-    now_ms = int(NOW_S * 1000)
-    bus, store = Bus(partitions=1), MemoryStore()
-    loop = Loop(store, bus)
-    send(bus, [impression(f"q{i}", now_ms) for i in range(6)])
+    bus, store, loop = fed(SETTINGS, 6)
     records = bus.poll(0, 100)
     loop.pipeline.process([r for r in records if r.offset != 2]).commit(bus)
     assert dict(loop.pipeline.ledger.offsets_reset) == {} and queries(loop.pipeline) == 5

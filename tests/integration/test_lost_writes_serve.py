@@ -62,6 +62,17 @@ def impressions(prefix: str, n: int) -> list[tuple[str, dict]]:
                               "results": ["d1", "d2"]}) for i in range(n)]
 
 
+def after_restart(serve: Serve, bootstrap: str, topics, chunk, settled, **env: str) -> dict:
+    """serve stopped, `chunk` produced (feedback for queries open across the loss), serve
+    started again (with `env`): its aggregates once `settled` and caught up."""
+    assert serve.stop() == 0
+    produce_chunk(bootstrap, topics, chunk)
+    serve.env.update(env)
+    serve.start()
+    wait_until(lambda: settled() and caught_up(serve), 60, "serve to catch up after its restart")
+    return aggregates(serve)
+
+
 def test_redis_put_back_to_an_earlier_copy_mid_stream_recovers_exactly(kafka_bootstrap, redis_url, tmp_path):
     topics = unique_topics(kafka_bootstrap)
     first, second, third = split(messages_of(topics, seed=53, queries=1200), 0.4, 0.75)
@@ -88,12 +99,7 @@ def test_redis_put_back_to_an_earlier_copy_mid_stream_recovers_exactly(kafka_boo
         found = [line for line in log_path.read_text().splitlines() if "lost this partition's last checkpoints" in line]
         assert found and '"stored_offsets"' in found[0] and '"committed_offsets"' in found[0], found[:1]
         assert serve.get("/readyz")[0] == 200
-        assert serve.stop() == 0
-        # Feedback for queries open across the loss, after a restart of serve.
-        produce_chunk(kafka_bootstrap, topics, third)
-        serve.start()
-        wait_until(lambda: committed() and caught_up(serve), 60, "the third chunk")
-        got = aggregates(serve)
+        got = after_restart(serve, kafka_bootstrap, topics, third, committed)
     finally:
         serve.stop()
         client.close()
@@ -291,16 +297,12 @@ def test_a_failover_to_a_replica_behind_is_found_and_recovered_exactly(kafka_boo
         cluster.node(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
         wait_until(lambda: counter(serve, "rankmeter_checkpoints_lost_total") >= 1, 60, "the lost tail to be found")
         wait_until(stored, 60, "the lost tail read again")
-        # What Redis holds is whole: a restarted serve (memory gone) exports the exact sums.
-        assert serve.stop() == 0
-        produce_chunk(kafka_bootstrap, topics, third)
-        # Through a node still up; in a group of its own (the old member's session need not
+        # What Redis holds is whole: a restarted serve (memory gone) exports the exact sums;
+        # through a node still up, in a group of its own (the old member's session need not
         # expire first: offsets resume from Redis either way).
-        serve.env.update(RANKMETER_REDIS_URL=f"redis://127.0.0.1:{replica}/0",
-                         RANKMETER_KAFKA_GROUP_ID=f"g-{uuid.uuid4().hex[:6]}")
-        serve.start()
-        wait_until(lambda: stored() and caught_up(serve), 60, "serve to catch up")
-        got = aggregates(serve)
+        got = after_restart(serve, kafka_bootstrap, topics, third, stored,
+                            RANKMETER_REDIS_URL=f"redis://127.0.0.1:{replica}/0",
+                            RANKMETER_KAFKA_GROUP_ID=f"g-{uuid.uuid4().hex[:6]}")
     finally:
         serve.stop()
         stored.close()

@@ -11,8 +11,9 @@
        store fails midway, nobody can tell which were stored: each partition's batch is
        unsure (its mark and counts kept in the `Ledger`) and the failure is raised.
     3. Confirm (`confirm`): the batch's events are counted for the partitions applied;
-       the refused ones are fenced (another replica claimed them) or lost (their state
-       is gone), and dropped.
+       the refused ones are fenced (another replica claimed them), lost (their state is
+       gone) or rewound (the store lost their last checkpoints: claimed again from what
+       it holds, `Ledger.rewound`), and dropped.
     4. Settle at claim (`Ledger.claimed`): when an unsure partition is claimed again, its
        batch is counted if the last checkpoint stored carries the unsure one's mark (a
        newer owner's checkpoints carry their own epoch).
@@ -92,7 +93,8 @@ class Ledger:
         self.unsure.pop(partition, None)
 
     def refused(self, refused: Mapping[int, str]) -> None:
-        """The refused partitions: fenced (another replica claimed them) or lost."""
+        """The refused partitions: fenced (another replica claimed them), rewound (to claim
+        again from the store) or lost."""
         for p, why in refused.items():
             if why == FENCED:
                 log.warning("partition claimed by another replica: dropping it and rejoining",
