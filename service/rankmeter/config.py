@@ -40,6 +40,10 @@ class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     # The Kafka client: kafka-python (the default, always installed) or confluent
     # (librdkafka, `pip install 'rankmeter[confluent]'`: faster, fetches in its own threads).
     backend: str = "kafka-python"
+    # When a stored offset is no longer in the log (the topic recreated, records deleted
+    # before they were read): `refuse` the partition (not ready, naming it) or `resume`
+    # from the new log, the gap counted (pipeline/offsets.py).
+    on_offsets_reset: str = "refuse"
 
 
 class Redis(msgspec.Struct, forbid_unknown_fields=True):
@@ -351,3 +355,5 @@ def _check(s: Settings) -> None:
         fail("kafka.max_poll_records", "must be at least 1")
     if s.kafka.backend not in KAFKA_BACKENDS:
         fail("kafka.backend", f"must be {' or '.join(KAFKA_BACKENDS)}")
+    if s.kafka.on_offsets_reset not in ("refuse", "resume"):
+        fail("kafka.on_offsets_reset", "must be refuse or resume")

@@ -155,10 +155,36 @@ class PipelineCollector:
         for p in sorted(self.readout.lost):
             lost.add_metric([str(p)], 1)
         yield lost
+        yield from self._losses()
         yield CounterMetricFamily("rankmeter_partitions_fenced", "Checkpoints refused because another "
                                   "replica had claimed the partition (this one had stalled).",
                                   value=self.readout.fenced_total())
         yield from self._experiment()  # last: it returns early without an experiment
+
+    def _losses(self) -> Iterator[Metric]:
+        """Writes the store lost and offsets gone backwards (pipeline/offsets.py)."""
+        lost = CounterMetricFamily("rankmeter_checkpoints_lost", "Times the state store was found to have "
+                                   "lost a partition's last checkpoints (restored from an older copy, failed "
+                                   "over to a replica behind): resumed from the last it holds.",
+                                   labels=["partition"])
+        for p, n in sorted(dict(self.readout.checkpoints_lost).items()):
+            lost.add_metric([str(p)], n)
+        yield lost
+        reset = CounterMetricFamily("rankmeter_offsets_reset", "Times a partition's stored offset was found "
+                                    "outside Kafka's log: cause recreated (the log ends below it) or truncated "
+                                    "(it starts above it).", labels=["topic", "partition", "cause"])
+        for (topic, p, cause), n in sorted(dict(self.readout.offsets_reset).items()):
+            reset.add_metric([topic, str(p), cause], n)
+        yield reset
+        skipped = CounterMetricFamily("rankmeter_offsets_skipped", "Offsets no longer in Kafka's log, skipped "
+                                      "when resuming from the new log (kafka.on_offsets_reset: resume).",
+                                      labels=["topic", "partition"])
+        for (topic, p), n in sorted(dict(self.readout.offsets_skipped).items()):
+            skipped.add_metric([topic, str(p)], n)
+        yield skipped
+        yield CounterMetricFamily("rankmeter_ab_running_lost", "Looks at the A/B experiment that found its stored "
+                                  "running statistics older than this process last saved (carried on from memory).",
+                                  value=self.readout.ab_running_lost())
 
     def _propensities(self) -> Iterator[Metric]:
         found = self.readout.propensities()

@@ -31,7 +31,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter.store import FENCED, LOST, PartitionCheckpoint, PartitionSnapshot, layout_history, meta_state
+from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, meta_state
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -45,15 +45,17 @@ return 0
 """
 
 # A checkpoint (store.PartitionCheckpoint), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
-# ARGV: epoch, layout, then counted sections: records (id, record), deadlines (score, id),
+# ARGV: epoch, layout, the mark expected (the owner's last), then counted sections: records (id, record), deadlines (score, id),
 # buckets, offsets, watermarks and metadata, arm sums (field, value); deleted records,
 # dropped buckets, deleted metadata fields (ids).
-# Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone.
+# Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone,
+# -2 when the stored mark is not the owner's last (Redis lost the last checkpoints).
 _COMMIT = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then return -1 end
 if epoch ~= ARGV[1] then return 0 end
-local i = 3
+if (redis.call('HGET', KEYS[1], 'mark') or '') ~= ARGV[3] then return -2 end
+local i = 4
 local function section(width, apply)
   local n = tonumber(ARGV[i]) * width
   i = i + 1
@@ -177,7 +179,8 @@ class RedisStore:
             outcomes = [self._commit(keys=keys, args=args) for _, keys, args in calls]
         else:
             outcomes = self._pipelined(calls)
-        return {p: LOST if outcome == -1 else FENCED for (p, _, _), outcome in zip(calls, outcomes) if outcome != 1}
+        why = {-1: LOST, -2: REWOUND}
+        return {p: why.get(outcome, FENCED) for (p, _, _), outcome in zip(calls, outcomes) if outcome != 1}
 
     def _pipelined(self, calls: list[tuple[int, list[str], list]]) -> list:
         def run(todo: list[int]) -> list:
@@ -204,7 +207,7 @@ class RedisStore:
 
     @staticmethod
     def _commit_args(c: PartitionCheckpoint) -> list:
-        args: list = [c.epoch, c.layout]
+        args: list = [c.epoch, c.layout, c.expect]
         sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
                     list(c.buckets.items()), list(c.offsets.items()),
                     [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
@@ -216,6 +219,14 @@ class RedisStore:
             args.append(len(ids))
             args += ids
         return args
+
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        partitions = list(partitions)
+        with self.client.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.hget(self._key(p, "meta"), "mark")
+            found = pipe.execute()
+        return {p: (m or b"").decode() for p, m in zip(partitions, found)}
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         partitions = list(watermarks)

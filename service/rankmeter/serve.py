@@ -60,7 +60,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     tune_gc()
     health = Health()
     k = settings.kafka
-    pipeline = Pipeline(settings, store, _dead_letters(source, k.dead_letter_topic, health, stop), clock=clock)
+    pipeline = Pipeline(settings, store, _dead_letters(source, k.dead_letter_topic, health, stop), clock=clock,
+                        bounds=source.bounds)
     lag = _Lag(pipeline, clock)
     exporter = Exporter(pipeline.readout, health, lag.held, lag.seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
@@ -68,7 +69,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
 
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
         try:
-            resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0])
+            resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0],
+                                     bounds=source.bounds(partitions))
         except store.unavailable as e:
             # The store is away while claiming: the partitions stay paused; the loop recovers.
             health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
@@ -127,12 +129,15 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     exporter.batch_records.observe(len(records))
                 checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
+                if pipeline.rewound:
+                    _reclaim(pipeline, source, health)
                 paused |= _refused(pipeline, source, paused)
             health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.sample(source)
                 last_lag = now
+                _verify(pipeline, source, health)
             if now - last_ab >= AB_INTERVAL_S:
                 last_ab = now
                 _look_at_experiment(pipeline, store.unavailable)
@@ -218,10 +223,11 @@ def _refused(pipeline: Pipeline, source: Source, paused: set[int]) -> set[int]:
         pipeline.revoke(list(pipeline.partitions))
         pipeline.fenced.clear()
         source.rejoin()
-    lost = pipeline.lost - paused
-    if lost:
-        source.pause(sorted(lost))
-    return set(pipeline.lost) if lost else set()
+    refused = pipeline.lost | set(pipeline.stopped)
+    if refused - paused:
+        source.pause(sorted(refused - paused))
+        return refused
+    return set()
 
 
 def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:
@@ -250,10 +256,43 @@ def _watch_source(source: Source, health: Health) -> None:
 
 
 def _lost_problem(pipeline: Pipeline) -> str:
-    if not pipeline.lost:
-        return ""
-    return (f"state lost for partitions {sorted(pipeline.lost)}: not consuming them; "
-            f"restart with `rankmeter serve --rebuild` to rebuild them from the topics")
+    problems = []
+    if pipeline.lost:
+        problems.append(f"state lost for partitions {sorted(pipeline.lost)}: not consuming them; "
+                        f"restart with `rankmeter serve --rebuild` to rebuild them from the topics")
+    if stopped := dict(pipeline.stopped):
+        problems.append(f"offsets reset for partitions {sorted(stopped)}: not consuming them "
+                        f"({'; '.join(stopped[p] for p in sorted(stopped))}); set kafka.on_offsets_reset: "
+                        f"resume to go on from the new log")
+    return "; ".join(problems)
+
+
+def _verify(pipeline: Pipeline, source: Source, health: Health) -> None:
+    """Once a second: the store still holds the held partitions' last checkpoints (an idle
+    partition commits nothing that could be refused); claim again those it lost."""
+    try:
+        pipeline.verify()
+    except pipeline.store.unavailable:
+        return  # the next batch meets the store's failure and recovers
+    if pipeline.rewound:
+        _reclaim(pipeline, source, health)
+
+
+def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> None:
+    """The store lost the last checkpoints of some partitions (their commit was refused and
+    they were dropped): claim them again from what it holds, and read Kafka again from there;
+    the other partitions go on where they are."""
+    assigned = set(source.assigned())
+    rewound = sorted(pipeline.rewound & assigned)
+    pipeline.ledger.rewound &= assigned  # those revoked since are the next owner's to claim
+    pipeline.ledger.recheck &= assigned
+    pipeline.revoke(rewound)  # dropped already, but those rechecked
+    try:
+        resume = pipeline.assign(rewound, source.committed(rewound), bounds=source.bounds(rewound))
+    except Exception as e:  # the store or the broker away: reload everything once they answer
+        health.store_problem = f"reclaiming partitions after lost writes failed: {type(e).__name__}"
+        return
+    source.seek({**pipeline.positions(), **resume})
 
 
 def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event) -> None:
@@ -265,7 +304,8 @@ def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading
         health.beat()  # alive, but not ready
         try:
             partitions = source.assigned()
-            source.seek(pipeline.assign(partitions, source.committed(partitions)))
+            source.seek(pipeline.assign(partitions, source.committed(partitions),
+                                        bounds=source.bounds(partitions)))
         except Exception as e:  # the store, or the broker too: wait and try again
             log.warning("cannot reload the partitions yet; retrying", extra={"error": type(e).__name__,
                                                                             "retry_in_s": delay})

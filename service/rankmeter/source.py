@@ -41,6 +41,8 @@ class Source(Protocol):
     def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
         """Offsets committed to the broker for these partitions of the subscribed topics."""
     def assigned(self) -> list[int]: ...
+    def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(log start, log end) of these partitions of the subscribed topics (pipeline/offsets.py)."""
     def seek(self, offsets: dict[tuple[str, int], int]) -> None:
         """Resume from these offsets; assigned partitions not named are paused."""
     def pause(self, partitions: list[int]) -> None:
@@ -64,6 +66,7 @@ class Bus:
         self.logs: dict[str, list[list[Record]]] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self.committed_offsets: dict[tuple[str, int], int] = {}
+        self.starts: dict[tuple[str, int], int] = {}  # log start where records were deleted
         self.topics: list[str] = []
         self._lock = threading.Lock()
         self._on_assign: OnAssign = lambda partitions: {}
@@ -93,6 +96,24 @@ class Bus:
     def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
         return {(t, p): o for (t, p), o in self.committed_offsets.items() if p in partitions}
 
+    def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        # A log from offset `start` on; `truncate` moves it (as Kafka's delete_records).
+        with self._lock:
+            return {(t, p): (self.starts.get((t, p), 0), len(self.logs.get(t, [[]] * self.partitions)[p]))
+                    for t in self.topics for p in partitions}
+
+    def recreate(self, topic: str) -> None:
+        """The topic deleted and created again: empty, from offset 0."""
+        with self._lock:
+            self.logs[topic] = [[] for _ in range(self.partitions)]
+            for key in [k for k in self.starts if k[0] == topic]:
+                del self.starts[key]
+
+    def truncate(self, topic: str, partition: int, before: int) -> None:
+        """Records below `before` deleted (their offsets are kept, as in Kafka's log)."""
+        with self._lock:
+            self.starts[(topic, partition)] = before
+
     def pause(self, partitions: list[int]) -> None:
         with self._lock:
             for key in [k for k in self.positions if k[1] in partitions]:
@@ -110,6 +131,11 @@ class Bus:
                 log = self.logs.get(t)
                 if log is None:
                     continue
+                # Outside the log (truncate, recreate): reset to its start, as Kafka's
+                # auto.offset.reset earliest.
+                start = self.starts.get((t, p), 0)
+                if not start <= position <= len(log[p]):
+                    position = start
                 taken = log[p][position:position + max_records - len(out)]
                 out.extend(taken)
                 self.positions[(t, p)] = position + len(taken)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
-FENCED, LOST = "fenced", "lost"  # why a checkpoint was refused
+# Why a checkpoint was refused: another owner's epoch, no state at all, or state older than
+# this owner's last checkpoint (the store lost its last writes: a restore, an async failover).
+FENCED, LOST, REWOUND = "fenced", "lost", "rewound"
 
 
 class PartitionCheckpoint(NamedTuple):
@@ -26,6 +28,9 @@ class PartitionCheckpoint(NamedTuple):
         1. check the epoch: the partition is still ours. A newer owner has claimed it (this
            process stalled past the poll interval: a zombie) -> refused, nothing written
            (store.FENCED). The epoch is gone (Redis lost its data) -> refused (store.LOST).
+           The stored mark is not `expect`, the mark of this owner's last checkpoint (the
+           store lost its last writes: restored from an older copy, failed over to a replica
+           behind) -> refused, nothing written (store.REWOUND).
         2. write the records that changed, with their event-time deadlines;
         3. delete the records that closed (or were orphaned);
         4. write the buckets that changed, delete the ones past every window, write the
@@ -55,6 +60,7 @@ class PartitionCheckpoint(NamedTuple):
     meta: dict[str, str] = {}       # partition metadata: the layout history and descriptions, the
                                     # checkpoint's mark (pipeline/checkpoint.py), lists assembling
     meta_deleted: list[str] = []    # metadata fields to delete (lists settled)
+    expect: str = ""                # the mark the store must hold: this owner's last ("" none yet)
 
 
 class PartitionSnapshot(NamedTuple):
@@ -84,7 +90,10 @@ class Store(Protocol):
         """Query records of several partitions in one round trip (None where unknown)."""
 
     def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
-        """Each checkpoint atomically; returns the refused ones: partition -> FENCED or LOST."""
+        """Each checkpoint atomically; returns the refused ones: partition -> FENCED, LOST or REWOUND."""
+
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        """The mark of each partition's last stored checkpoint ("" when none), in one round trip."""
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         """Per partition: up to `limit` query ids whose deadline is at or before the
@@ -172,6 +181,9 @@ class MemoryStore:
             if self.epochs[p] != c.epoch:
                 refused[p] = FENCED
                 continue
+            if self.meta.get(p, {}).get("mark", "") != c.expect:
+                refused[p] = REWOUND
+                continue
             self.records.setdefault(p, {}).update(c.records)
             self.deadlines.setdefault(p, {}).update(c.deadlines)
             for q in c.deleted:
@@ -188,6 +200,9 @@ class MemoryStore:
             self.offsets.setdefault(p, {}).update(c.offsets)
             self.watermarks.setdefault(p, {}).update(c.watermarks)
         return refused
+
+    def marks(self, partitions: Iterable[int]) -> dict[int, str]:
+        return {p: self.meta.get(p, {}).get("mark", "") for p in partitions}
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         out = {}

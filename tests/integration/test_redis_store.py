@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from rankmeter.redis_store import RedisStore
-from rankmeter.store import FENCED, LOST, PartitionCheckpoint
+from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +55,34 @@ def test_lists_and_the_mark_are_metadata_set_and_deleted_with_the_checkpoint_as_
         epoch = s.claim(0).epoch
         s.commit([checkpoint(epoch, meta={"list:q1": "100", "list:q2": "200", "mark": f"{epoch}:1"})])
         # Set and deleted in one checkpoint: the delete wins (it comes after).
-        s.commit([checkpoint(epoch, meta={"list:q3": "300", "mark": f"{epoch}:2"}, meta_deleted=["list:q1", "list:q3"])])
+        # (Each checkpoint expects the mark of the one before: the store lost nothing.)
+        s.commit([checkpoint(epoch, meta={"list:q3": "300", "mark": f"{epoch}:2"}, meta_deleted=["list:q1", "list:q3"],
+                             expect=f"{epoch}:1")])
     assert store.load(0).lists == memory.load(0).lists == {"q2": 200}
     assert store.load(0).mark == "1:2" and memory.load(0).mark == "1:2"
-    store.commit([checkpoint(1, watermarks={"imp": 5})])
+    assert store.commit([checkpoint(1, watermarks={"imp": 5}, expect="1:2")]) == {}
     store.wipe(0)   # a rebuild: every metadata field but the epoch goes
     snapshot = store.load(0)
     assert (snapshot.lists, snapshot.mark, snapshot.watermarks, snapshot.history, snapshot.epoch) == ({}, "", {}, [], 1)
+
+
+def test_a_checkpoint_is_refused_unless_redis_holds_the_owners_last_mark(store, redis_url):
+    """Redis put back to an earlier copy (a restore, a failover to a replica behind): the
+    script refuses a checkpoint whose expected mark is not the stored one, nothing written;
+    the epoch is checked first."""
+    epoch = store.claim(0).epoch
+    assert store.commit([checkpoint(epoch, offsets={"imp": 1}, meta={"mark": f"{epoch}:1"})]) == {}
+    meta, offsets = store._key(0, "meta"), store._key(0, "offsets")
+    copy = {key: store.client.dump(key) for key in (meta, offsets)}
+    assert store.commit([checkpoint(epoch, offsets={"imp": 2}, meta={"mark": f"{epoch}:2"},
+                                    expect=f"{epoch}:1")]) == {}
+    for key, data in copy.items():
+        store.client.restore(key, 0, data, replace=True)
+    assert store.marks([0]) == {0: f"{epoch}:1"}
+    assert store.commit([checkpoint(epoch, offsets={"imp": 3}, meta={"mark": f"{epoch}:3"},
+                                    expect=f"{epoch}:2")]) == {0: REWOUND}
+    assert store.load(0).offsets == {"imp": 1} and store.load(0).mark == f"{epoch}:1"
+    assert store.commit([checkpoint(epoch - 1, expect=f"{epoch}:1")]) == {0: FENCED}
 
 
 def test_a_stale_epoch_is_fenced_and_a_vanished_state_is_lost(store):

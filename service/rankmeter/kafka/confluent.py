@@ -187,6 +187,9 @@ class ConfluentSource:
         found = self.consumer.committed(wanted, timeout=COMMITTED_TIMEOUT_MS / 1000)
         return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0 and tp.error is None}
 
+    def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        return _bounds(self.consumer, self._topics, partitions)
+
     def pause(self, partitions: list[int]) -> None:
         chosen = [tp for tp in self._assignment if tp.partition in partitions]
         self.consumer.pause(chosen)
@@ -302,6 +305,18 @@ def _records(messages: list[Message]) -> list[Record]:
     # __new__ (measured: 15% of the conversion).
     return [_new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or _NO_HEADERS,
                           m.timestamp()[1])) for m in messages if m.error() is None]
+
+
+def _bounds(consumer: Consumer, topics: list[str], partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+    found = {}
+    for t in topics:
+        for p in partitions:
+            # From the broker, not librdkafka's cache: the log may have been deleted or recreated since.
+            start, end = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=COMMITTED_TIMEOUT_MS / 1000,
+                                                        cached=False)
+            if start >= 0 and end >= 0:
+                found[(t, p)] = (start, end)
+    return found
 
 
 def _log_errors(messages: list[Message]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaConfigurationError, KafkaError
+from kafka.errors import KafkaConfigurationError, KafkaError, UnknownTopicOrPartitionError
 from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
@@ -113,6 +113,17 @@ class KafkaSource:
                 if offset is not None:
                     found[(topic, p)] = offset
         return found
+
+    def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        wanted = [TopicPartition(t, p) for t in self._subscription[0] for p in partitions]
+        if not wanted:
+            return {}
+        try:
+            starts = self.consumer.beginning_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+            ends = self.consumer.end_offsets(wanted, timeout_ms=COMMITTED_TIMEOUT_MS)
+        except KeyError as e:  # kafka-python 3.0's answer for a topic it has no metadata of (deleted)
+            raise UnknownTopicOrPartitionError(f"no metadata for {e}") from None
+        return {(tp.topic, tp.partition): (starts[tp], ends[tp]) for tp in wanted if tp in starts and tp in ends}
 
     def pause(self, partitions: list[int]) -> None:
         self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in partitions])

@@ -34,6 +34,7 @@ from rankmeter.pipeline.intake import Intake
 from rankmeter.pipeline.joining import Joining, attribution_of
 from rankmeter.pipeline.labels import OTHER, Labels
 from rankmeter.pipeline.layouts import IPW, Layouts, layout_for
+from rankmeter.pipeline.offsets import Bounds, BoundsQuery, OffsetChecks
 from rankmeter.pipeline.partitions import Claims
 from rankmeter.pipeline.position_bias import PositionBias
 from rankmeter.pipeline.readout import Readout
@@ -42,7 +43,7 @@ from rankmeter.pipeline.scoring import Scoring
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.pipeline.sweep import SWEEP_LIMIT, Sweep
 from rankmeter.source import Record
-from rankmeter.store import Store
+from rankmeter.store import REWOUND, Store
 from rankmeter.windows import Layout, WindowView, window_views
 
 __all__ = ["IPW", "OTHER", "PAIRS", "SWEEP_LIMIT", "Checkpoint", "PartitionState", "Pipeline", "layout_for"]
@@ -51,7 +52,8 @@ __all__ = ["IPW", "OTHER", "PAIRS", "SWEEP_LIMIT", "Checkpoint", "PartitionState
 class Pipeline:
     def __init__(self, settings: Settings, store: Store,
                  dead_letter: Callable[[Record, str], None],
-                 clock: Callable[[], float] = time.time, wall: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time, wall: Callable[[], float] = time.monotonic,
+                 bounds: BoundsQuery | None = None) -> None:
         self.settings = settings
         self.store = store
         self.clock = clock  # event time's "now": the wall clock, or the event clock
@@ -63,12 +65,14 @@ class Pipeline:
         self.layout, self.ab_layout = layouts.current, layouts.ab
         self.windows = {size: duration_ms(size) for size in settings.windows.sizes}
         self.ledger = Ledger(store, self.lock)
+        # `bounds`: the source's log start and end per partition, to find offsets gone backwards.
+        checks = OffsetChecks(self.ledger, settings.kafka.on_offsets_reset, bounds)
         self.position_bias = PositionBias(settings, store, self.partitions)
         self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock)
         self.labels = Labels(settings, store, clock)
         self._claims = Claims(settings, store, self.partitions, layouts, self.ledger, self.lock, wall,
-                              debiased=bool(self.position_bias.measures))
-        self._intake = Intake(settings, self.partitions, dead_letter, wall)
+                              debiased=bool(self.position_bias.measures), checks=checks)
+        self._intake = Intake(settings, self.partitions, dead_letter, wall, checks)
         self._sweep = Sweep(settings, store, self.partitions, wall)
         self.records = Records(store, self.partitions, layouts)
         self._joining = Joining(settings, self.partitions, self.labels, self.experiments.enrol, dead_letter)
@@ -83,6 +87,8 @@ class Pipeline:
         self._views = functools.partial(_views, held, self.lock, self.layout, self.windows, clock)
         self.readout = Readout(
             views=self._views, events=ledger.events, folded=self.labels.folded, lost=ledger.lost,
+            checkpoints_lost=ledger.checkpoints_lost, offsets_reset=ledger.offsets_reset,
+            offsets_skipped=ledger.offsets_skipped, ab_running_lost=lambda: experiments.running_lost,
             fenced_total=lambda: ledger.fenced_total, open_queries=functools.partial(_open_queries, held),
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
@@ -91,10 +97,12 @@ class Pipeline:
     # ---- assignment ----
 
     def assign(self, partitions: list[int], committed: Mapping[tuple[str, int], int] | None = None,
-               rebuild: bool = False, claim: bool = True) -> dict[tuple[str, int], int]:
+               rebuild: bool = False, claim: bool = True, bounds: Bounds | None = None) -> dict[tuple[str, int], int]:
         """Claim the partitions and load their state; returns the offsets to resume from
-        (partitions.Claims.assign: a partition whose stored state is gone is `lost`)."""
-        return self._claims.assign(partitions, committed, rebuild, claim)
+        (partitions.Claims.assign: a partition whose stored state is gone is `lost`; one whose
+        last checkpoints the store lost resumes from the last it holds; `bounds`, the topics'
+        log start and end, find offsets gone backwards)."""
+        return self._claims.assign(partitions, committed, rebuild, claim, bounds)
 
     def revoke(self, partitions: Iterable[int], reclaiming: bool = False) -> None:
         """Every batch is persisted when `process` returns: forgetting is enough.
@@ -117,6 +125,18 @@ class Pipeline:
             self.revoke(refused)
             self.position_bias.restart()
         self.records.trim()
+
+    def verify(self) -> None:
+        """Whether the store still holds each held partition's last checkpoint: a restore or
+        a failover may lose it while the partition is idle (no commit to refuse). Those it
+        lost are dropped and listed in `rewound`, for the caller to claim again; a mark of a
+        newer epoch is another owner's (the next commit is fenced)."""
+        ours = {p: ps.mark for p, ps in self.partitions.items() if ps.mark}
+        rewound = {p: REWOUND for p, stored in self.store.marks(list(ours)).items()
+                   if stored != ours[p] and _epoch(stored) <= self.partitions[p].epoch}
+        if rewound:
+            self.ledger.refused(rewound)
+            self._settled(list(rewound))
 
     # ---- one batch ----
 
@@ -171,6 +191,17 @@ class Pipeline:
         return self.ledger.lost
 
     @property
+    def rewound(self) -> set[int]:
+        """Partitions to claim again from the store: it lost their last checkpoints (refused,
+        dropped), or their log's bounds could not be read when a record was not the next."""
+        return self.ledger.rewound | self.ledger.recheck
+
+    @property
+    def stopped(self) -> Mapping[int, str]:
+        """Partitions refused because their offsets went backwards -> why (offsets.py)."""
+        return self.ledger.stopped
+
+    @property
     def fenced(self) -> set[int]:
         return self.ledger.fenced
 
@@ -204,6 +235,10 @@ class Pipeline:
     def open_queries(self) -> int:
         return _open_queries(self.partitions)
 
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset to read of each held partition's topics (as stored)."""
+        return {(t, p): o for p, ps in self.partitions.items() for t, o in ps.offsets.items()}
+
     def ab_look(self, save: bool = True) -> Look | None:
         """One look at the experiment over every partition's stored sums (experiments.Experiments.look)."""
         return self.experiments.look(save)
@@ -218,6 +253,10 @@ def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Lay
     now_ms = int(clock() * 1000) if now_ms is None else now_ms
     with lock:
         return window_views([ps.buckets for ps in held.values()], layout, windows, now_ms)
+
+
+def _epoch(mark: str) -> int:
+    return int(mark.partition(":")[0] or 0)
 
 
 def _open_queries(held: Mapping[int, PartitionState]) -> int:

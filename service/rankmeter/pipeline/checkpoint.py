@@ -11,8 +11,9 @@
        store fails midway, nobody can tell which were stored: each partition's batch is
        unsure (its mark and counts kept in the `Ledger`) and the failure is raised.
     3. Confirm (`confirm`): the batch's events are counted for the partitions applied;
-       the refused ones are fenced (another replica claimed them) or lost (their state
-       is gone), and dropped.
+       the refused ones are fenced (another replica claimed them), lost (their state is
+       gone) or rewound (the store lost their last checkpoints: claimed again from what
+       it holds, `Ledger.rewound`), and dropped.
     4. Settle at claim (`Ledger.claimed`): when an unsure partition is claimed again, its
        batch is counted if the last checkpoint stored carries the unsure one's mark (a
        newer owner's checkpoints carry their own epoch).
@@ -36,7 +37,7 @@ from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Batch, Outcomes
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.source import Source
-from rankmeter.store import FENCED, PartitionCheckpoint, Store
+from rankmeter.store import FENCED, LOST, PartitionCheckpoint, Store
 from rankmeter.windows import MINUTE_MS
 
 log = logging.getLogger("rankmeter.pipeline")
@@ -62,6 +63,16 @@ class Ledger:
         # Partitions wiped for `--rebuild` and not checkpointed since: a rebalance before
         # their first checkpoint rebuilds them again instead of finding them lost.
         self.rebuilding: set[int] = set()
+        # The store lost its last writes (store.REWOUND): partitions to claim again from
+        # what it holds, and each partition's losses found (a refusal or at a claim).
+        self.rewound: set[int] = set()
+        self.checkpoints_lost: Counter[int] = Counter()
+        # Offsets gone backwards (pipeline/offsets.py): (topic, partition, cause) found, the
+        # offsets skipped when resuming, and the partitions refused for it -> why.
+        self.offsets_reset: Counter[tuple[str, int, str]] = Counter()
+        self.offsets_skipped: Counter[tuple[str, int]] = Counter()
+        self.stopped: dict[int, str] = {}
+        self.recheck: set[int] = set()  # not known whether its log was reset: claim it again
 
     def count(self, counts: Iterable[Outcomes]) -> None:
         with self.lock:
@@ -72,6 +83,8 @@ class Ledger:
         """Step 4: the partition is ours again; its unsure batch counts if it was stored."""
         self.lost.discard(partition)
         self.fenced.discard(partition)
+        self.stopped.pop(partition, None)
+        self.recheck.discard(partition)
         unsure = self.unsure.pop(partition, None)
         if unsure is not None and unsure.mark == mark:
             self.count([unsure.counts])
@@ -80,13 +93,19 @@ class Ledger:
         self.unsure.pop(partition, None)
 
     def refused(self, refused: Mapping[int, str]) -> None:
-        """The refused partitions: fenced (another replica claimed them) or lost."""
+        """The refused partitions: fenced (another replica claimed them), rewound (to claim
+        again from the store) or lost."""
         for p, why in refused.items():
             if why == FENCED:
                 log.warning("partition claimed by another replica: dropping it and rejoining",
                             extra={"partition": p})
                 self.fenced.add(p)
                 self.fenced_total += 1
+            elif why != LOST:
+                log.error("the state store no longer holds this partition's last checkpoint (restored "
+                          "from an older copy, or failed over to a replica behind): claiming it again "
+                          "from what it holds and re-reading Kafka from there", extra={"partition": p})
+                self.rewound.add(p)
             else:
                 log.error("the state store lost this partition's state while it was consumed: "
                           "not consuming it; restart with `rankmeter serve --rebuild`", extra={"partition": p})
@@ -133,7 +152,8 @@ class Checkpoint:
             records.setdefault(k.partition, {})[k.query_id] = writing.encode(r)
             deadlines.setdefault(k.partition, {})[k.query_id] = writing.deadline(r)
         payloads = []
-        pending = {p for p, ps in held.items() if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted}
+        pending = {p for p, ps in held.items()
+                   if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
         for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending:
             ps = held[p]
             ps.offsets.update(batch.advanced.get(p, {}))
@@ -161,12 +181,16 @@ class Checkpoint:
             meta, ps.meta, ps.drop_fields = ps.meta, {}, []
             meta_deleted, ps.meta_deleted = ps.meta_deleted, []
             ps.checkpoints += 1
-            meta["mark"] = f"{ps.epoch}:{ps.checkpoints}"
+            ps.offsets_moved = False
+            # The next checkpoint expects this one's mark: set now, not at confirm (a refused or
+            # unsure one drops the partition, which is claimed again from the store).
+            expect, ps.mark = ps.mark, f"{ps.epoch}:{ps.checkpoints}"
+            meta["mark"] = ps.mark
             payloads.append(PartitionCheckpoint(
                 partition=p, epoch=ps.epoch, layout=writing.layout, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
-                meta_deleted=meta_deleted))
+                meta_deleted=meta_deleted, expect=expect))
         return cls(ledger, payloads, batch.counts, batch.advanced, settled)
 
     def _at(self, step: str, then: str) -> None:

@@ -3,6 +3,7 @@ credit, and the look at both over every partition's stored sums (`look`)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -18,6 +19,8 @@ from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import Store
 from rankmeter.windows import Layout
+
+log = logging.getLogger("rankmeter.pipeline")
 
 HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
 HISTORY_KEEP = 20_000         # ... for two weeks
@@ -39,6 +42,10 @@ class Experiments:
         self.result: Look | None = None               # the last look (partition 0's holder only)
         self.interleaving: list[Preference] = []
         self._last_history_ms = 0
+        # The running statistics this process last saved (written apart from the partitions'
+        # checkpoints): a look reading back something else found them lost (running_lost).
+        self._saved: dict[str, dict[str, str]] = {}
+        self.running_lost = 0
 
     @property
     def name(self) -> str | None:
@@ -52,6 +59,7 @@ class Experiments:
     def forget(self) -> None:
         """No results exported: they are partition 0's holder's."""
         self.result, self.interleaving = None, []
+        self._saved = {}  # another holder may save them now
 
     def enrol(self, record: QueryRecord) -> str:
         """The experiment an impression belongs to, decided once, when it is applied, by its
@@ -133,11 +141,11 @@ class Experiments:
         # What the running statistics keep depends on alpha, τ² and the split too.
         a = self.settings.ab
         state = f"{experiment}|alpha={a.alpha}|tau2={a.mixture_variance}|split={sorted(a.split.items())}"
-        running = self.store.load_running(state)
+        running = self._running(state)
         result, kept = ab_look(experiment, self.baseline, vectors, self.layout, a, running)
         now_ms = int(self.clock() * 1000)
         if save:
-            self.store.save_running(state, kept)
+            self._save_running(state, kept)
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP)
                 self._last_history_ms = now_ms
@@ -154,7 +162,23 @@ class Experiments:
         if not vectors:
             self.interleaving = []
             return
-        running = self.store.load_running("interleaving")
+        running = self._running("interleaving")
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
         if save:
-            self.store.save_running("interleaving", kept)
+            self._save_running("interleaving", kept)
+
+    def _running(self, key: str) -> dict[str, str]:
+        """The stored running statistics; what this process saved last where the store lost
+        it (a restore, a failover): counted, logged, and carried on from memory."""
+        stored = self.store.load_running(key)
+        saved = self._saved.get(key)
+        if saved is not None and any(stored.get(k) != v for k, v in saved.items()):
+            self.running_lost += 1
+            log.error("the state store lost the experiment's last running statistics: going on from "
+                      "what this process saved", extra={"experiment": key})
+            return {**stored, **saved}
+        return stored
+
+    def _save_running(self, key: str, kept: Mapping[str, str]) -> None:
+        self.store.save_running(key, kept)
+        self._saved[key] = {**self._saved.get(key, {}), **kept}

@@ -10,15 +10,18 @@ from collections.abc import Callable
 from rankmeter.config import Settings
 from rankmeter.events import IMPRESSION_ACTION, Decoder, Feedback, Rejected
 from rankmeter.pipeline.context import Batch
+from rankmeter.pipeline.offsets import OffsetChecks
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.source import Record
 
 
 class Intake:
     def __init__(self, settings: Settings, held: dict[int, PartitionState],
-                 dead_letter: Callable[[Record, str], None], wall: Callable[[], float]) -> None:
+                 dead_letter: Callable[[Record, str], None], wall: Callable[[], float],
+                 checks: OffsetChecks) -> None:
         self.decoder = Decoder(settings)
         self.held = held
+        self.checks = checks
         self.dead_letter = dead_letter
         self.wall = wall
         self.impressions_topic = settings.kafka.impressions_topic
@@ -30,10 +33,25 @@ class Intake:
         # (Attributes read once: this loop runs once per record.)
         partitions, impressions_topic, feedback_topic = self.held, self.impressions_topic, self.feedback_topic
         impression, feedback = self.decoder.impression, self.decoder.feedback
+        stopped, recheck, checked = self.checks.ledger.stopped, self.checks.ledger.recheck, set[tuple[str, int]]()
         for r in records:
             ps = partitions.get(r.partition)
-            if ps is None or r.offset < ps.offsets.get(r.topic, 0):
-                continue  # not ours, or applied before a restart: exactly once
+            if ps is None or r.partition in stopped or r.partition in recheck:
+                continue  # not ours, or refused (its offsets went backwards), or to be claimed again
+            read = advanced.get(r.partition)
+            expected = None if read is None else read.get(r.topic)
+            if expected is None:
+                expected = ps.offsets.get(r.topic, 0)
+            if r.offset != expected and (r.topic, r.partition) not in checked:
+                # Not the next record: the log may have been recreated or truncated
+                # (offsets.py); checked once a batch.
+                checked.add((r.topic, r.partition))
+                moved_to = self.checks.in_stream(ps, r.partition, r.topic, expected, r.offset)
+                if moved_to is None:
+                    continue
+                expected = moved_to
+            if r.offset < expected:
+                continue  # applied before a restart: exactly once
             advanced.setdefault(r.partition, {})[r.topic] = r.offset + 1
             if r.topic == impressions_topic:
                 stream, event = "impressions", impression(r.value, now_ms)

@@ -13,6 +13,7 @@ import numpy as np
 from rankmeter.config import Settings
 from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.layouts import Layouts
+from rankmeter.pipeline.offsets import Bounds, OffsetChecks
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import Store
 from rankmeter.windows import BucketKey, Layout
@@ -24,8 +25,10 @@ class Claims:
     """Claims partitions into `held` (shared with the stages) and forgets them."""
 
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], layouts: Layouts,
-                 ledger: Ledger, lock: threading.Lock, wall: Callable[[], float], debiased: bool) -> None:
+                 ledger: Ledger, lock: threading.Lock, wall: Callable[[], float], debiased: bool,
+                 checks: OffsetChecks) -> None:
         self.settings = settings
+        self.checks = checks
         self.store = store
         self.held = held
         self.layouts = layouts
@@ -36,37 +39,53 @@ class Claims:
         self.topics = (settings.kafka.impressions_topic, settings.kafka.feedback_topic)
 
     def assign(self, partitions: list[int], committed: Mapping[tuple[str, int], int] | None = None,
-               rebuild: bool = False, claim: bool = True) -> dict[tuple[str, int], int]:
+               rebuild: bool = False, claim: bool = True,
+               bounds: Bounds | None = None) -> dict[tuple[str, int], int]:
         """Claim the partitions and load their state; returns the offsets to resume from.
 
         A partition without stored offsets starts from the beginning of both topics,
         unless Kafka has committed offsets for it: then the store lost its state, and
         resuming from Kafka's commit would export aggregates with a hole. Such a
         partition is refused (`lost`) unless `rebuild`, which wipes what is left of it
-        and re-reads the retained topics from the start. `claim=False` only reads (for
-        `rankmeter report`, which must not fence the running replicas)."""
+        and re-reads the retained topics from the start. Stored offsets behind Kafka's
+        commit (which follows the store's) mean the store lost its last checkpoints: what
+        it still holds is a whole earlier checkpoint, resumed from (counted), unless Kafka no
+        longer holds its offsets (`bounds`: each topic's log start and end): then it is lost
+        as above. Stored offsets outside the log (recreated, truncated) are offsets.py's.
+        `claim=False` only reads (for `rankmeter report`, which must not fence the running
+        replicas)."""
         committed = committed or {}
+        bounds = bounds or {}
         resume = {}
         for p in partitions:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
-            if not snapshot.offsets:
-                had_state = any(committed.get((t, p), 0) > 0 for t in self.topics)
-                if had_state and not (rebuild or p in self.ledger.rebuilding):
-                    log.error("the state store has no state for a partition that Kafka has consumed: "
-                              "not consuming it; restart with `rankmeter serve --rebuild` to rebuild it "
-                              "from the topics", extra={"partition": p})
-                    self.ledger.lost.add(p)
-                    continue
-                if had_state:
-                    log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
-                    self.store.wipe(p)
-                    self.ledger.rebuilding.add(p)
-                    snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
-                                                 descriptions={})
-                snapshot = snapshot._replace(offsets={t: 0 for t in self.topics})
+            stored, offsets = snapshot.offsets, dict(snapshot.offsets)
+            gone = not offsets and any(committed.get((t, p), 0) > 0 for t in self.topics)
+            if offsets and self._lost_writes(p, offsets, committed, bounds):
+                gone = True
+            elif offsets and not self.checks.at_claim(p, offsets, bounds):
+                continue
+            if gone and not (rebuild or p in self.ledger.rebuilding):
+                log.error("the state store has no state for a partition that Kafka has consumed: "
+                          "not consuming it; restart with `rankmeter serve --rebuild` to rebuild it "
+                          "from the topics", extra={"partition": p})
+                self.ledger.lost.add(p)
+                continue
+            if gone:
+                log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
+                self.store.wipe(p)
+                self.ledger.rebuilding.add(p)
+                snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
+                                             descriptions={}, mark="")
+                offsets = {}
+            if not offsets:  # from the start of the retained log
+                offsets = {t: bounds.get((t, p), (0, 0))[0] for t in self.topics}
+            snapshot = snapshot._replace(offsets=offsets)
             self.layouts.learn(snapshot.descriptions)
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
             state.lists = dict(snapshot.lists)
+            state.mark = snapshot.mark
+            state.offsets_moved = bool(stored) and offsets != stored  # reset to a new log: stored at once
             state.shown_wall_ms = self.wall() * 1000
             state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
             current = self.layouts.current
@@ -94,6 +113,24 @@ class Claims:
         log.info("partitions assigned", extra={"partitions": partitions, "resume": len(resume),
                                                "lost": sorted(self.ledger.lost)})
         return resume
+
+    def _lost_writes(self, p: int, offsets: Mapping[str, int], committed: Mapping[tuple[str, int], int],
+                     bounds: Bounds) -> bool:
+        """Whether the store lost the partition's last checkpoints (Kafka's commit is ahead
+        of the stored offsets, or a checkpoint was refused as REWOUND), counted and logged,
+        and Kafka no longer holds the stored offsets: then its state is lost."""
+        ahead = [t for t in self.topics if committed.get((t, p), -1) > offsets.get(t, 0)]
+        if not ahead and p not in self.ledger.rewound:
+            return False
+        self.ledger.rewound.discard(p)
+        self.ledger.checkpoints_lost[p] += 1
+        gone = [t for t in self.topics if (t, p) in bounds and offsets.get(t, 0) < bounds[(t, p)][0]]
+        log.error("the state store lost this partition's last checkpoints: "
+                  + ("Kafka no longer holds the stored offsets" if gone
+                     else "resuming from the last one it holds, re-reading Kafka from its offsets"),
+                  extra={"partition": p, "stored_offsets": dict(offsets),
+                         "committed_offsets": {t: committed[(t, p)] for t in self.topics if (t, p) in committed}})
+        return bool(gone)
 
     def _load_buckets(self, p: int, stored: dict[str, bytes], old: Layout | None,
                       state: PartitionState) -> dict[BucketKey, np.ndarray]:

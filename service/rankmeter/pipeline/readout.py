@@ -18,6 +18,10 @@ class Readout:
     events: Mapping[tuple[str, str], int]           # (stream, outcome) -> events of stored batches
     folded: Mapping[str, int]                       # label kind -> values folded into `other`
     lost: Set[int]                                  # partitions whose stored state is gone
+    checkpoints_lost: Mapping[int, int]             # partition -> losses of its last checkpoints found
+    offsets_reset: Mapping[tuple[str, int, str], int]   # (topic, partition, cause) -> resets found
+    offsets_skipped: Mapping[tuple[str, int], int]  # (topic, partition) -> offsets skipped resuming
+    ab_running_lost: Callable[[], int]              # looks that found the A/B running statistics lost
     fenced_total: Callable[[], int]                 # checkpoints refused: another replica claimed
     open_queries: Callable[[], int]
     held: Callable[[], int]                         # partitions held

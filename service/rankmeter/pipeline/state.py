@@ -38,6 +38,10 @@ class PartitionState:
         self.lists: dict[str, int] = {}
         self.shown_wall_ms = 0.0  # when the last impression event came (wall clock, ms)
         self.checkpoints = 0  # written by this owner (their mark: epoch and number, checkpoint.Ledger)
+        # The mark of the last checkpoint this owner sent (at claim: the stored one): the store
+        # refuses a checkpoint unless it still holds it (store.REWOUND: it lost writes).
+        self.mark = ""
+        self.offsets_moved = False  # offsets reset to a new log (pipeline/offsets.py): checkpoint them
         self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
         # Position bias (debias/): the pair sums this partition's queries have added to the
         # harvest (stored with the A/B sums: PAIRS), and the queries waiting for their clicks
