@@ -24,6 +24,7 @@ LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
 AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
+DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
 
 
 class _Stopped(Exception):
@@ -70,8 +71,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         try:
             resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0])
         except store.unavailable as e:
-            # The store is away while claiming: the partitions stay paused; the loop recovers.
-            health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
+            # The store is away (or full) while claiming: the partitions stay paused; the loop recovers.
+            health.store_problem = _store_problem(store, e, "while loading partitions")
             return {}
         rebuilding[0] = False
         health.ready = True
@@ -106,14 +107,15 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 lag.see(records)
                 try:
                     checkpoint = pipeline.apply(records)   # the stages: intake ... scoring
+                    _deliver(source, k.dead_letter_topic, health, stop)  # its dead letters acknowledged
                     checkpoint.send()                      # one commit to the store, all partitions
                     checkpoint.confirm()                   # counted; refused partitions dropped
                 except store.unavailable as e:
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
+                    health.store_problem = _store_problem(store, e)
                     log.error("the state store failed during a batch; reloading from it once it answers",
-                              extra={"error": type(e).__name__})
-                    health.store_problem = f"state store unavailable: {type(e).__name__}"
+                              extra={"error": type(e).__name__, "reason": health.store_problem})
                     continue
                 except _Stopped:
                     break
@@ -166,6 +168,30 @@ def _dead_letters(source: Source, topic: str, health: Health, stop: threading.Ev
                 raise _Stopped
             delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
     return dead_letter
+
+
+def _deliver(source: Source, topic: str, health: Health, stop: threading.Event) -> None:
+    """The batch's dead letters acknowledged before its checkpoint is stored: the stored
+    offsets never pass an invalid record whose dead letter could still be lost (a SIGKILL,
+    a refused send). Until then the batch waits, unstored (alive, not ready), with backoff."""
+    delay = RECOVERY_BACKOFF_S[0]
+    while not source.delivered(DELIVERY_WAIT_S):
+        health.source_problem = f"Kafka unavailable: the dead-letter topic {topic!r} has not acknowledged " \
+                                f"the batch's dead letters"
+        log.warning("dead letters not acknowledged; the batch waits", extra={"topic": topic, "retry_in_s": delay})
+        health.beat()
+        if stop.wait(delay):
+            raise _Stopped
+        delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
+
+
+def _store_problem(store: Store, e: Exception, when: str = "") -> str:
+    """What /readyz says while the store fails: away, or full (maxmemory with noeviction)."""
+    when = f" {when}" if when else ""
+    if isinstance(e, getattr(store, "full", ())):
+        return (f"redis is full (maxmemory reached, policy noeviction){when}: nothing is stored until "
+                f"memory is freed or maxmemory raised")
+    return f"state store unavailable{when}: {type(e).__name__}"
 
 
 class _Lag:
@@ -267,6 +293,8 @@ def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading
             partitions = source.assigned()
             source.seek(pipeline.assign(partitions, source.committed(partitions)))
         except Exception as e:  # the store, or the broker too: wait and try again
+            if isinstance(e, pipeline.store.unavailable):
+                health.store_problem = _store_problem(pipeline.store, e)
             log.warning("cannot reload the partitions yet; retrying", extra={"error": type(e).__name__,
                                                                             "retry_in_s": delay})
             stop.wait(delay)

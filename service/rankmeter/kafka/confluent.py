@@ -29,7 +29,7 @@ from rankmeter.config import Kafka as KafkaSettings
 from rankmeter.kafka.common import (COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, PRODUCE_BLOCK_MS, CoordinatorWatch,
                                     KafkaUnreachable, copartitioned, librdkafka_settings,
                                     librdkafka_text)
-from rankmeter.kafka.producer import ConfluentProducer, Producer
+from rankmeter.kafka.producer import ConfluentProducer, Outbox, Producer
 from rankmeter.source import OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
@@ -62,6 +62,7 @@ class ConfluentSource:
                 **consumer_settings})
             self.producer: Producer = ConfluentProducer(
                 common, producer_settings, int(settings.client.get("max_block_ms", PRODUCE_BLOCK_MS)) / 1000)
+            self.outbox = Outbox(self.producer)  # dead letters, kept until acknowledged
         except KafkaException as e:  # a setting librdkafka refuses (a name, or a value)
             raise ConfigError(f"invalid configuration: kafka.client: {librdkafka_text(e)}") from None
         self._bootstrap_timeout_s = int(settings.client.get("bootstrap_timeout_ms", BOOTSTRAP_TIMEOUT_MS)) / 1000
@@ -252,7 +253,10 @@ class ConfluentSource:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        self.producer.send(topic, key, value, headers)
+        self.outbox.send(topic, key, value, headers)
+
+    def delivered(self, timeout_s: float) -> bool:
+        return self.outbox.delivered(timeout_s)
 
     def problem(self) -> str:
         return self._watch.problem(self._coordinator_up)

@@ -136,10 +136,12 @@ class Experiments:
         running = self.store.load_running(state)
         result, kept = ab_look(experiment, self.baseline, vectors, self.layout, a, running)
         now_ms = int(self.clock() * 1000)
-        if save:
-            self.store.save_running(state, kept)
+        # Partition 0's holder keeps the running statistics, fenced by its claim: a stale
+        # holder's look (read before a newer one's) must not move them back.
+        owner = self.held[0].epoch if 0 in self.held else None
+        if save and owner is not None and self.store.save_running(state, kept, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
-                self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP)
+                self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
                 self._last_history_ms = now_ms
         self.result = result
         return result
@@ -156,5 +158,5 @@ class Experiments:
             return
         running = self.store.load_running("interleaving")
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
-        if save:
-            self.store.save_running("interleaving", kept)
+        if save and 0 in self.held:
+            self.store.save_running("interleaving", kept, self.held[0].epoch)

@@ -14,7 +14,7 @@ from rankmeter.config import Settings
 from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.state import PAIRS, PartitionState
-from rankmeter.store import Store
+from rankmeter.store import FENCED, Store
 from rankmeter.windows import BucketKey, Layout
 
 log = logging.getLogger("rankmeter.pipeline")
@@ -59,7 +59,9 @@ class Claims:
                     continue
                 if had_state:
                     log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
-                    self.store.wipe(p)
+                    if not self.store.wipe(p, snapshot.epoch):  # claimed by another replica since
+                        self.ledger.refused({p: FENCED})
+                        continue
                     self.ledger.rebuilding.add(p)
                     snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
                                                  descriptions={})
