@@ -406,3 +406,49 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     assert_exact(got, expected)
     assert "Traceback" not in log_after[len(log_during):]
     assert got_events == expected_events, {k: (got_events.get(k), v) for k, v in expected_events.items()}
+
+
+# ---- 4. Redis full (maxmemory, noeviction) mid-stream ----
+
+def test_a_full_redis_is_not_ready_then_exact_once_memory_is_raised(kafka_bootstrap, redis_url, tmp_path):
+    topics = unique_topics(kafka_bootstrap)
+    messages = messages_of(topics, seed=43, queries=1500)
+    first, second, third = split(messages, 0.3, 0.8)
+    own = RedisServer(tmp_path / "redis", "--maxmemory-policy", "noeviction", "--save", "",
+                      "--appendonly", "no").start()
+    client = redis.Redis.from_url(own.url)
+    serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
+    try:
+        serve.start()
+        produce_chunk(kafka_bootstrap, topics, first)
+        wait_until(lambda: sum(serve.events().values()) >= len(first) / 2, 60, "serve to be mid-stream",
+                   interval=0.01)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 64 * 1024)  # just above
+        produce_chunk(kafka_bootstrap, topics, second)
+        wait_until(lambda: serve.get("/readyz")[0] == 503, 30, "/readyz to fail while Redis is full")
+        status, body = serve.get("/readyz")
+        assert status == 503 and "redis is full (maxmemory" in body, body
+        wait_until(lambda: "cannot reload the partitions yet; retrying" in (tmp_path / "serve.log").read_text(),
+                   30, "serve to retry")
+        assert serve.get("/healthz")[0] == 200 and serve.process.poll() is None, "serve died with Redis full"
+        assert "redis is full (maxmemory" in serve.get("/readyz")[1]
+        log_during = (tmp_path / "serve.log").read_text()
+
+        client.config_set("maxmemory", 0)  # memory raised
+        wait_until(lambda: serve.get("/readyz")[0] == 200, 30, "serve to recover by itself")
+        produce_chunk(kafka_bootstrap, topics, third)
+        # Every message counts once (every query has its impression), in the batch that
+        # also moved the sums: counted all, the aggregates are final.
+        wait_until(lambda: sum(serve.events().values()) >= len(messages), 60, "serve to count every message")
+        got, got_events = aggregates(serve), serve.events()
+        log_after = (tmp_path / "serve.log").read_text()
+    finally:
+        if serve.process is not None:
+            serve.stop()
+        client.close()
+        own.kill()
+    assert "Traceback" not in log_during and "a batch failed" not in log_after
+    expected, expected_events = reference(kafka_bootstrap, redis_url, topics, tmp_path)
+    assert_exact(got, expected)
+    assert got_events == expected_events, {k: (got_events.get(k), v) for k, v in expected_events.items()}

@@ -49,7 +49,11 @@ class TooLarge(Exception):
 
 # What each use asks of kafka-python's producer; `kafka.client`'s settings override it
 # (they are the dead-letter producer's), except what a use pins.
-DEAD_LETTERS: dict[str, Any] = {"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS}
+# Dead letters are at least once (duplicates allowed): not idempotent, since kafka-python's
+# idempotent producer turns a message refused for its size into a fatal error that fails
+# every later send, where the Outbox cuts it and sends it again.
+DEAD_LETTERS: dict[str, Any] = {"acks": "all", "linger_ms": 20, "max_block_ms": PRODUCE_BLOCK_MS,
+                                "enable_idempotence": False}
 # Every replica acknowledges a replayed record: none is lost unnoticed (`failed` counts them).
 REPLAY: dict[str, Any] = {"acks": "all", "linger_ms": 20, "batch_size": 256 * 1024}
 SIMULATOR: dict[str, Any] = {"linger_ms": 20, "batch_size": 256 * 1024}  # acks: the leader's (kafka-python's default)
