@@ -66,6 +66,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     exporter = Exporter(pipeline.readout, health, lag.held, lag.seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
+    # The store failed: every partition is reloaded from it before the next batch. Not ready
+    # (health.store_problem) until a batch is stored again: a full Redis takes a claim's few
+    # bytes but not a batch's, and must not look ready in between.
+    reload = [False]
 
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
         try:
@@ -73,6 +77,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         except store.unavailable as e:
             # The store is away (or full) while claiming: the partitions stay paused; the loop recovers.
             health.store_problem = _store_problem(store, e, "while loading partitions")
+            reload[0] = True
             return {}
         rebuilding[0] = False
         health.ready = True
@@ -89,11 +94,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         on_start(pipeline, port)
     last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
     consumed = 0
+    failures = 0  # batches the store failed in a row: the wait before reloading grows with them
     paused: set[int] = set()
     try:
         while not stop.is_set():
-            if health.store_problem:
-                _recover(pipeline, source, health, stop)
+            if reload[0]:
+                _recover(pipeline, source, health, stop, _backoff(failures))
+                reload[0] = False
                 lag.restart()
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
@@ -114,6 +121,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
                     health.store_problem = _store_problem(store, e)
+                    failures += 1
+                    reload[0] = True
                     log.error("the state store failed during a batch; reloading from it once it answers",
                               extra={"error": type(e).__name__, "reason": health.store_problem})
                     continue
@@ -129,6 +138,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     exporter.batch_records.observe(len(records))
                 checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
+                if not reload[0]:  # stored (and no claim failed meanwhile): the store takes writes again
+                    failures, health.store_problem = 0, ""
                 paused |= _refused(pipeline, source, paused)
             health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
@@ -282,10 +293,20 @@ def _lost_problem(pipeline: Pipeline) -> str:
             f"restart with `rankmeter serve --rebuild` to rebuild them from the topics")
 
 
-def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event) -> None:
+def _backoff(failures: int) -> float:
+    """How long to wait before reloading after this many failed batches in a row: none after
+    the first (Redis restarted), then growing, bounded (a full Redis fails every batch)."""
+    return 0.0 if failures <= 1 else min(RECOVERY_BACKOFF_S[0] * 2 ** (failures - 2), RECOVERY_BACKOFF_S[1])
+
+
+def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event, wait_s: float = 0.0) -> None:
     """Wait for the store with bounded backoff (staying alive, not ready), then reload
     the assigned partitions from it and resume the consumer at the stored offsets."""
     pipeline.revoke(list(pipeline.partitions), reclaiming=True)
+    health.beat()
+    if wait_s:
+        log.warning("the state store failed again; waiting before reloading", extra={"retry_in_s": wait_s})
+        stop.wait(wait_s)
     delay = RECOVERY_BACKOFF_S[0]
     while not stop.is_set():
         health.beat()  # alive, but not ready
@@ -301,5 +322,4 @@ def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading
             delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
             continue
         log.info("state store answers again: partitions reloaded", extra={"partitions": partitions})
-        health.store_problem = ""
         return
