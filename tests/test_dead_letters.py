@@ -1,7 +1,7 @@
 """Dead letters at least once (issue 19, item 5): cut to fit rather than dropped
 (`dead_letters.fit`), kept until acknowledged and sent again when refused (`Outbox`), and
 acknowledged before the batch's checkpoint is stored (`serve`). On the real broker:
-tests/integration/test_dead_letters.py."""
+tests/integration/test_dead_letter_delivery.py."""
 
 from __future__ import annotations
 

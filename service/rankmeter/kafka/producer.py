@@ -183,6 +183,13 @@ class _Letter:
     headers: Headers
     limit: int  # bytes it is cut to fit in: halved each time its size is refused
 
+    def smaller(self) -> bool:
+        """Halve the limit; False when it is already the smallest (the refusal is not about size)."""
+        if self.limit <= Outbox.SMALLEST:
+            return False
+        self.limit = max(self.limit // 2, Outbox.SMALLEST)
+        return True
+
 
 class Outbox:
     """Dead letters at least once (docs/delivery.md): every message is kept until its
@@ -190,7 +197,7 @@ class Outbox:
     is sent again, cut to half its size when the size was what was refused (a topic's
     max.message.bytes below the producer's limit), never dropped."""
 
-    SMALLEST = FRAMING + 1024  # below this a refusal is not about size: sent again as it is
+    SMALLEST = FRAMING + 1024  # at this size a refusal is not about size: sent again as it is
 
     def __init__(self, producer: Producer) -> None:
         self.producer = producer
@@ -213,9 +220,8 @@ class Outbox:
                 return
             except TooLarge as e:
                 del self.pending[n]
-                if letter.limit <= self.SMALLEST:
+                if not letter.smaller():
                     raise SourceUnavailable(str(e)) from None
-                letter.limit = max(letter.limit // 2, self.SMALLEST)
             except BaseException:
                 del self.pending[n]
                 raise
@@ -235,9 +241,7 @@ class Outbox:
             again, self.refused = self.refused, []
             stuck = ""  # a refusal that cutting does not answer
             for i, (letter, why) in enumerate(again):
-                if why.too_large and letter.limit > self.SMALLEST:
-                    letter.limit = max(letter.limit // 2, self.SMALLEST)
-                else:
+                if not (why.too_large and letter.smaller()):
                     stuck = why.text
                 log.warning("a dead-letter message was refused; sending it again",
                             extra={"error": why.text, "topic": letter.topic, "limit_bytes": letter.limit})
