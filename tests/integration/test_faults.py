@@ -45,6 +45,13 @@ def produce_chunk(bootstrap: str, topics, chunk) -> None:
         produce(bootstrap, topic, [m for t, m in chunk if t == topic])
 
 
+def mid_stream(serve: Serve, bootstrap: str, topics, first: list) -> None:
+    """Start `serve` and feed it the first chunk; return once it is working through it."""
+    serve.start()
+    produce_chunk(bootstrap, topics, first)
+    wait_until(lambda: sum(serve.events().values()) >= len(first) / 4, 120, "serve to be mid-stream", interval=0.01)
+
+
 def split(messages: list, *fractions: float) -> list[list]:
     cuts = [0, *(int(len(messages) * f) for f in fractions), len(messages)]
     return [messages[a:b] for a, b in zip(cuts, cuts[1:])]
@@ -369,10 +376,7 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
                   {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
     try:
-        serve.start()
-        produce_chunk(kafka_bootstrap, topics, first)
-        wait_until(lambda: sum(serve.events().values()) >= len(first) / 4, 120, "serve to be mid-stream",
-                   interval=0.01)
+        mid_stream(serve, kafka_bootstrap, topics, first)
         own.kill()
         outage_started = time.monotonic()
         produce_chunk(kafka_bootstrap, topics, second)
@@ -420,10 +424,7 @@ def test_a_full_redis_is_not_ready_then_exact_once_memory_is_raised(kafka_bootst
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
                   {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
     try:
-        serve.start()
-        produce_chunk(kafka_bootstrap, topics, first)
-        wait_until(lambda: sum(serve.events().values()) >= len(first) / 4, 60, "serve to be mid-stream",
-                   interval=0.01)
+        mid_stream(serve, kafka_bootstrap, topics, first)
         client.config_set("maxmemory", client.info("memory")["used_memory"] + 64 * 1024)  # just above
         produce_chunk(kafka_bootstrap, topics, second)
         wait_until(lambda: serve.get("/readyz")[0] == 503, 30, "/readyz to fail while Redis is full")
