@@ -423,7 +423,11 @@ def test_a_full_redis_is_not_ready_then_exact_once_memory_is_raised(kafka_bootst
     client = redis.Redis.from_url(own.url)
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
                   {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
+    # The uninterrupted reference runs beside it (another group, the shared Redis).
+    single = Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
+                   log_path=tmp_path / "reference.log")
     try:
+        single.start()
         mid_stream(serve, kafka_bootstrap, topics, first)
         client.config_set("maxmemory", client.info("memory")["used_memory"] + 64 * 1024)  # just above
         produce_chunk(kafka_bootstrap, topics, second)
@@ -445,15 +449,17 @@ def test_a_full_redis_is_not_ready_then_exact_once_memory_is_raised(kafka_bootst
         produce_chunk(kafka_bootstrap, topics, third)
         # Every message counts once (every query has its impression), in the batch that
         # also moved the sums: counted all, the aggregates are final.
-        wait_until(lambda: sum(serve.events().values()) >= len(messages), 60, "serve to count every message")
+        for run in (serve, single):
+            wait_until(lambda: sum(run.events().values()) >= len(messages), 60, "serve to count every message")
         got, got_events = aggregates(serve), serve.events()
+        expected, expected_events = aggregates(single), single.events()
         log_after = (tmp_path / "serve.log").read_text()
     finally:
-        if serve.process is not None:
-            serve.stop()
+        for run in (serve, single):
+            if run.process is not None:
+                run.stop()
         client.close()
         own.kill()
     assert "Traceback" not in log_during and "a batch failed" not in log_after
-    expected, expected_events = reference(kafka_bootstrap, redis_url, topics, tmp_path)
     assert_exact(got, expected)
     assert got_events == expected_events, {k: (got_events.get(k), v) for k, v in expected_events.items()}
