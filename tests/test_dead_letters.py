@@ -174,3 +174,12 @@ def test_serve_stores_no_checkpoint_past_a_dead_letter_before_it_is_acknowledged
         stop.set()
         runner.join(30)
     assert not runner.is_alive()
+
+
+def test_the_in_process_bus_cuts_a_dead_letter_as_kafka_would_refuse_it():
+    bus = Bus(partitions=1, max_message_bytes=2000)
+    bus.produce("dlq", b"q1", b"x" * 5000, REASON)
+    bus.produce("dlq", b"q2", b"small", REASON)
+    cut, small = bus.logs["dlq"][0]
+    assert dict(cut.headers)[TRUNCATED] == b"5000" and 0 < len(cut.value) < 2000
+    assert small.value == b"small" and small.headers == REASON
