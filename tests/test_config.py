@@ -43,6 +43,9 @@ def test_config_file_from_environment(tmp_path):
     ({"RANKMETER_EVALUATION_GRADES": "click=-1"}, "evaluation.grades: grades must be >= 0"),
     ({"RANKMETER_EVALUATION_EMPTY_QUERY_POLICY": "drop"}, "evaluation.empty_query_policy: must be skip or zero"),
     ({"RANKMETER_REDIS_URL": "localhost:6379"}, "redis.url: must start with redis://, rediss:// or unix://"),
+    ({"RANKMETER_AB_START": "2026-12-01T09:00:00"},
+     "invalid configuration: ab.start: '2026-12-01T09:00:00' has no time zone: add Z (UTC) or an offset"),
+    ({"RANKMETER_AB_START": "2026-12-01 09:00"}, "ab.start: '2026-12-01 09:00' has no time zone"),
 ])
 def test_bad_settings_name_the_setting(env, message):
     with pytest.raises(config.ConfigError) as e:
@@ -81,3 +84,32 @@ def test_kafka_credentials_in_the_environment_stay_text():
                                                      "request_timeout_ms=5000"})
     assert s.kafka.client == {"sasl_plain_username": "007", "sasl_plain_password": "123456",
                               "request_timeout_ms": 5000}
+
+
+@pytest.mark.parametrize("start, expected_ms", [
+    ("2026-12-01T09:00:00Z", 1796115600000), ("2026-12-01T10:00:00+01:00", 1796115600000),
+    ("1796115600000", 1796115600000)])
+def test_ab_start_with_a_time_zone_or_in_epoch_ms_is_accepted(start, expected_ms):
+    s = config.load(None, {"RANKMETER_AB_START": start})
+    assert config.time_ms(s.ab.start) == expected_ms
+
+
+def test_serve_with_ab_start_in_local_time_fails_in_one_line():
+    out = subprocess.run([RANKMETER, "serve"], capture_output=True, text=True, timeout=60,
+                         env={"RANKMETER_AB_START": "2026-12-01T09:00", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2
+    assert out.stderr == ("rankmeter serve: error: invalid configuration: ab.start: '2026-12-01T09:00' has no "
+                          "time zone: add Z (UTC) or an offset such as +01:00\n")
+
+
+def test_secrets_and_strings_in_the_environment_stay_text():
+    # librdkafka's dotted names, kafka-python's passwords and text settings: as typed;
+    # kafka-python's numbers and booleans typed as its defaults are.
+    s = config.load(None, {"RANKMETER_KAFKA_CLIENT":
+                           "sasl.password=0123,ssl.key.password=1e3,sasl.oauthbearer.client.secret=0x10,"
+                           "ssl_password=0123,sasl_plain_password=0.50,client_id=007,security_protocol=SSL,"
+                           "session_timeout_ms=6000,ssl_check_hostname=false,acks=all,retries=3"})
+    assert s.kafka.client == {
+        "sasl.password": "0123", "ssl.key.password": "1e3", "sasl.oauthbearer.client.secret": "0x10",
+        "ssl_password": "0123", "sasl_plain_password": "0.50", "client_id": "007", "security_protocol": "SSL",
+        "session_timeout_ms": 6000, "ssl_check_hostname": False, "acks": "all", "retries": 3}

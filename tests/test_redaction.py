@@ -23,6 +23,21 @@ from rankmeter.redaction import redact
     (str({"sasl_plain_password": "abc", "ssl_password": "def", "retries": 5}),
      str({"sasl_plain_password": "***", "ssl_password": "***", "retries": 5})),
     ("cannot reach Kafka at 127.0.0.1:9092: timeout", "cannot reach Kafka at 127.0.0.1:9092: timeout"),
+    # A quoted value is masked whole: what follows a comma, a space or a brace in it too.
+    (str({"sasl_plain_password": "abc,def", "retries": 5}), str({"sasl_plain_password": "***", "retries": 5})),
+    (str({"ssl_password": "abc def}x"}), str({"ssl_password": "***"})),
+    ('{"password": "a,b c}d", "user": "rm"}', '{"password": "***", "user": "rm"}'),
+    (json.dumps({"msg": str({"sasl_plain_password": "abc,def"})}), json.dumps({"msg": "{'sasl_plain_password': '***'}"})),
+    # librdkafka's secret settings, not only *password*.
+    ("sasl.oauthbearer.client.secret=s3cr3t,acks=1", "sasl.oauthbearer.client.secret=***,acks=1"),
+    (str({"sasl.oauthbearer.client.secret": "s3,cr3t"}), str({"sasl.oauthbearer.client.secret": "***"})),
+    ("ssl.key.password=k1 sasl.password=k2&ssl.keystore.password=k3",
+     "ssl.key.password=*** sasl.password=***&ssl.keystore.password=***"),
+    (str({"ssl.key.pem": "-----BEGIN PRIVATE KEY-----\nMIIEv QIB,ADAN}\n-----END PRIVATE KEY-----"}),
+     str({"ssl.key.pem": "***"})),
+    ("key: -----BEGIN RSA PRIVATE KEY-----\nMIIE abc\n-----END RSA PRIVATE KEY----- end", "key: *** end"),
+    ("sasl.oauthbearer.config=principal=rm clientSecret=x", "sasl.oauthbearer.config=*** clientSecret=***"),
+    ("password='cut off", "password='*** off"),
 ])
 def test_redact(text, expected):
     assert redact(text) == expected

@@ -16,6 +16,7 @@ import msgspec
 import yaml
 
 from rankmeter.engine import parse_all
+from rankmeter.redaction import is_secret
 
 
 class ConfigError(Exception):
@@ -173,6 +174,10 @@ def time_ms(text: str) -> int:
     return int(datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp() * 1000)
 
 
+def _naive(text: str) -> bool:
+    return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).tzinfo is None
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """RANKMETER_<SECTION>_<KEY>=value -> {section: {key: value}} (RANKMETER_CONFIG excluded)."""
     out: dict[str, Any] = {}
@@ -200,12 +205,28 @@ def _coerce_env(section: type[msgspec.Struct], key: str, value: str) -> Any:
         pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
         if any(len(p) != 2 for p in pairs):
             raise ConfigError(f"invalid configuration: {key}: expected key=value,key=value")
-        # Credentials stay text: a password of digits must not reach kafka-python as an int.
-        return {k.strip(): v.strip() if k.strip().endswith(("_password", "_username")) else _scalar(v.strip())
-                for k, v in pairs}
+        if hint == "dict[str, Any]":  # kafka.client
+            return {k.strip(): _client_value(k.strip(), v.strip()) for k, v in pairs}
+        return {k.strip(): _scalar(v.strip()) for k, v in pairs}
     if hint == "bool":
         return value.strip().lower() in ("1", "true", "yes", "on")
     return value
+
+
+def _client_value(key: str, text: str) -> Any:
+    """A `kafka.client` value from the environment, typed as the setting is. Secrets and
+    user names stay text (a password `0123` must not become 123), and so do librdkafka's
+    dotted names (it parses its own strings); kafka-python's are typed as its defaults are
+    (numbers, booleans, text), guessed only for those without a default."""
+    if is_secret(key) or key.endswith("_username") or "." in key:
+        return text
+    from kafka import KafkaConsumer, KafkaProducer  # here: only environments with kafka.client pay for it
+    default = KafkaConsumer.DEFAULT_CONFIG.get(key, KafkaProducer.DEFAULT_CONFIG.get(key))
+    if isinstance(default, str):
+        return text
+    if isinstance(default, bool):
+        return text.lower() in ("1", "true", "yes", "on")
+    return _scalar(text)
 
 
 def _scalar(text: str) -> Any:
@@ -333,6 +354,10 @@ def _check(s: Settings) -> None:
             time_ms(s.ab.start)
         except ValueError:
             fail("ab.start", f"{s.ab.start!r} is neither epoch milliseconds nor an RFC 3339 time")
+        if not s.ab.start.strip().isdigit() and _naive(s.ab.start):
+            # Read in each host's local time, replicas in different zones would name
+            # different experiments; read as UTC, a running one would be renamed.
+            fail("ab.start", f"{s.ab.start!r} has no time zone: add Z (UTC) or an offset such as +01:00")
     try:
         debiased = parse_all(s.debias.measures)
     except ValueError as e:

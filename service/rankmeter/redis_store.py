@@ -80,10 +80,38 @@ return 1
 """
 
 
+# Deletes a partition's state but its epoch, while `epoch` is the stored one (ARGV[1]; ''
+# for any). KEYS: meta, queries, open, buckets, offsets, ab (one slot). Returns 1 or 0.
+_WIPE = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if ARGV[1] ~= '' and epoch ~= ARGV[1] then return 0 end
+redis.call('DEL', unpack(KEYS))
+if epoch then redis.call('HSET', KEYS[1], 'epoch', epoch) end
+return 1
+"""
+
+# Writes partition 0's holder's A/B state while ARGV[1] is partition 0's stored epoch.
+# KEYS: partition 0's meta, the target. ARGV: epoch, then HSET's field/values (_SAVE) or
+# the line and how many to keep (_APPEND). Returns 1, or 0 for a stale holder.
+_SAVE = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+return 1
+"""
+_APPEND = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
+return 1
+"""
+
+
 class RedisStore:
     # A restarting Redis refuses connections, then answers LOADING (BusyLoadingError, a
-    # ConnectionError); a cluster mid-failover says CLUSTERDOWN.
-    unavailable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError)
+    # ConnectionError); a cluster mid-failover says CLUSTERDOWN. A Redis at its maxmemory
+    # (noeviction) refuses writes with OOM: nothing is written, and serve waits the same way.
+    full = (redis.exceptions.OutOfMemoryError,)
+    unavailable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, *full)
 
     def __init__(self, url: str, prefix: str = "rankmeter", cluster: bool = False) -> None:
         self.cluster = cluster
@@ -100,6 +128,9 @@ class RedisStore:
         self.prefix = prefix
         self._admit = self.client.register_script(_ADMIT)
         self._commit = self.client.register_script(_COMMIT)
+        self._wipe = self.client.register_script(_WIPE)
+        self._save = self.client.register_script(_SAVE)
+        self._append = self.client.register_script(_APPEND)
 
     def _key(self, partition: int, name: str) -> str:
         return f"{self.prefix}:{{{self.prefix}:{partition}}}:{name}"
@@ -238,16 +269,9 @@ class RedisStore:
         return {p: ([q.decode() for q in results[2 * i]], results[2 * i + 1])
                 for i, p in enumerate(partitions)}
 
-    def wipe(self, partition: int) -> None:
+    def wipe(self, partition: int, epoch: int | None = None) -> bool:
         # The epoch stays: the claim that asked for the wipe keeps owning the partition.
-        with self.client.pipeline(transaction=True) as pipe:
-            for name in ("queries", "open", "buckets", "offsets", "ab"):
-                pipe.delete(self._key(partition, name))
-            pipe.execute()
-        # The metadata but the epoch: layout, history, watermarks, lists, the last mark.
-        meta = self._key(partition, "meta")
-        if fields := [f for f in self.client.hkeys(meta) if f != b"epoch"]:
-            self.client.hdel(meta, *fields)
+        return bool(self._wipe(keys=self._commit_keys(partition), args=["" if epoch is None else epoch]))
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         partitions = list(partitions)
@@ -261,16 +285,35 @@ class RedisStore:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")
         return {k.decode(): v.decode() for k, v in found.items()}
 
-    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
-        if running:
-            self.client.hset(f"{self.prefix}:ab:running:{experiment}", mapping=dict(running))
+    def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
+        if not running:
+            return True
+        key = f"{self.prefix}:ab:running:{experiment}"
+        if epoch is not None and not self.cluster:
+            return bool(self._save(keys=[self._key(0, "meta"), key],
+                                   args=[epoch, *(x for pair in running.items() for x in pair)]))
+        if epoch is not None and not self._holds_0(epoch):
+            return False
+        self.client.hset(key, mapping=dict(running))
+        return True
 
-    def append_look(self, experiment: str, line: str, keep: int) -> None:
+    def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
         key = f"{self.prefix}:ab:looks:{experiment}"
+        if epoch is not None and not self.cluster:
+            return bool(self._append(keys=[self._key(0, "meta"), key], args=[epoch, line, keep]))
+        if epoch is not None and not self._holds_0(epoch):
+            return False
         with self.client.pipeline(transaction=True) as pipe:
             pipe.rpush(key, line)
             pipe.ltrim(key, -keep, -1)
             pipe.execute()
+        return True
+
+    def _holds_0(self, epoch: int) -> bool:
+        # On a cluster partition 0's metadata is in another slot than the experiment's keys:
+        # no script spans both, so the epoch is checked just before the write (a claim in
+        # between, one round trip, is not caught).
+        return self.client.hget(self._key(0, "meta"), "epoch") == str(epoch).encode()
 
     def looks(self, experiment: str) -> list[str]:
         return [line.decode() for line in self.client.lrange(f"{self.prefix}:ab:looks:{experiment}", 0, -1)]

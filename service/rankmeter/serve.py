@@ -24,6 +24,7 @@ LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
 AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
+DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
 
 
 class _Stopped(Exception):
@@ -66,14 +67,19 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     exporter = Exporter(pipeline.readout, health, lag.held, lag.seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
+    # The store failed: every partition is reloaded from it before the next batch. Not ready
+    # (health.store_problem) until a batch is stored again: a full Redis takes a claim's few
+    # bytes but not a batch's, and must not look ready in between.
+    reload = [False]
 
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
         try:
             resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0],
                                      bounds=source.bounds(partitions))
         except store.unavailable as e:
-            # The store is away while claiming: the partitions stay paused; the loop recovers.
-            health.store_problem = f"state store unavailable while loading partitions: {type(e).__name__}"
+            # The store is away (or full) while claiming: the partitions stay paused; the loop recovers.
+            health.store_problem = _store_problem(store, e, "while loading partitions")
+            reload[0] = True
             return {}
         rebuilding[0] = False
         health.ready = True
@@ -90,11 +96,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         on_start(pipeline, port)
     last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
     consumed = 0
+    failures = 0  # batches the store failed in a row: the wait before reloading grows with them
     paused: set[int] = set()
     try:
         while not stop.is_set():
-            if health.store_problem:
-                _recover(pipeline, source, health, stop)
+            if reload[0]:
+                _recover(pipeline, source, health, stop, _backoff(failures))
+                reload[0] = False
                 lag.restart()
                 continue
             records = source.poll(k.poll_timeout_ms, k.max_poll_records)
@@ -108,14 +116,17 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 lag.see(records)
                 try:
                     checkpoint = pipeline.apply(records)   # the stages: intake ... scoring
+                    _deliver(source, k.dead_letter_topic, health, stop)  # its dead letters acknowledged
                     checkpoint.send()                      # one commit to the store, all partitions
                     checkpoint.confirm()                   # counted; refused partitions dropped
                 except store.unavailable as e:
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
+                    health.store_problem = _store_problem(store, e)
+                    failures += 1
+                    reload[0] = True
                     log.error("the state store failed during a batch; reloading from it once it answers",
-                              extra={"error": type(e).__name__})
-                    health.store_problem = f"state store unavailable: {type(e).__name__}"
+                              extra={"error": type(e).__name__, "reason": health.store_problem})
                     continue
                 except _Stopped:
                     break
@@ -129,15 +140,18 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     exporter.batch_records.observe(len(records))
                 checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
-                if pipeline.rewound:
-                    _reclaim(pipeline, source, health)
+                if not reload[0]:  # stored (and no claim failed meanwhile): the store takes writes again
+                    failures, health.store_problem = 0, ""
+                if pipeline.rewound and not _reclaim(pipeline, source, health):
+                    reload[0] = True
                 paused |= _refused(pipeline, source, paused)
             health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.sample(source)
                 last_lag = now
-                _verify(pipeline, source, health)
+                if not _verify(pipeline, source, health):
+                    reload[0] = True
             if now - last_ab >= AB_INTERVAL_S:
                 last_ab = now
                 _look_at_experiment(pipeline, store.unavailable)
@@ -171,6 +185,30 @@ def _dead_letters(source: Source, topic: str, health: Health, stop: threading.Ev
                 raise _Stopped
             delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
     return dead_letter
+
+
+def _deliver(source: Source, topic: str, health: Health, stop: threading.Event) -> None:
+    """The batch's dead letters acknowledged before its checkpoint is stored: the stored
+    offsets never pass an invalid record whose dead letter could still be lost (a SIGKILL,
+    a refused send). Until then the batch waits, unstored (alive, not ready), with backoff."""
+    delay = RECOVERY_BACKOFF_S[0]
+    while not source.delivered(DELIVERY_WAIT_S):
+        health.source_problem = f"Kafka unavailable: the dead-letter topic {topic!r} has not acknowledged " \
+                                f"the batch's dead letters"
+        log.warning("dead letters not acknowledged; the batch waits", extra={"topic": topic, "retry_in_s": delay})
+        health.beat()
+        if stop.wait(delay):
+            raise _Stopped
+        delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
+
+
+def _store_problem(store: Store, e: Exception, when: str = "") -> str:
+    """What /readyz says while the store fails: away, or full (maxmemory with noeviction)."""
+    when = f" {when}" if when else ""
+    if isinstance(e, getattr(store, "full", ())):
+        return (f"redis is full (maxmemory reached, policy noeviction){when}: nothing is stored until "
+                f"memory is freed or maxmemory raised")
+    return f"state store unavailable{when}: {type(e).__name__}"
 
 
 class _Lag:
@@ -267,18 +305,18 @@ def _lost_problem(pipeline: Pipeline) -> str:
     return "; ".join(problems)
 
 
-def _verify(pipeline: Pipeline, source: Source, health: Health) -> None:
+def _verify(pipeline: Pipeline, source: Source, health: Health) -> bool:
     """Once a second: the store still holds the held partitions' last checkpoints (an idle
-    partition commits nothing that could be refused); claim again those it lost."""
+    partition commits nothing that could be refused); claim again those it lost. False:
+    reclaiming failed, reload every partition once the store answers."""
     try:
         pipeline.verify()
     except pipeline.store.unavailable:
-        return  # the next batch meets the store's failure and recovers
-    if pipeline.rewound:
-        _reclaim(pipeline, source, health)
+        return True  # the next batch meets the store's failure and recovers
+    return not pipeline.rewound or _reclaim(pipeline, source, health)
 
 
-def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> None:
+def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> bool:
     """The store lost the last checkpoints of some partitions (their commit was refused and
     they were dropped): claim them again from what it holds, and read Kafka again from there;
     the other partitions go on where they are."""
@@ -291,14 +329,25 @@ def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> None:
         resume = pipeline.assign(rewound, source.committed(rewound), bounds=source.bounds(rewound))
     except Exception as e:  # the store or the broker away: reload everything once they answer
         health.store_problem = f"reclaiming partitions after lost writes failed: {type(e).__name__}"
-        return
+        return False
     source.seek({**pipeline.positions(), **resume})
+    return True
 
 
-def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event) -> None:
+def _backoff(failures: int) -> float:
+    """How long to wait before reloading after this many failed batches in a row: none after
+    the first (Redis restarted), then growing, bounded (a full Redis fails every batch)."""
+    return 0.0 if failures <= 1 else min(RECOVERY_BACKOFF_S[0] * 2 ** (failures - 2), RECOVERY_BACKOFF_S[1])
+
+
+def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading.Event, wait_s: float = 0.0) -> None:
     """Wait for the store with bounded backoff (staying alive, not ready), then reload
     the assigned partitions from it and resume the consumer at the stored offsets."""
     pipeline.revoke(list(pipeline.partitions), reclaiming=True)
+    health.beat()
+    if wait_s:
+        log.warning("the state store failed again; waiting before reloading", extra={"retry_in_s": wait_s})
+        stop.wait(wait_s)
     delay = RECOVERY_BACKOFF_S[0]
     while not stop.is_set():
         health.beat()  # alive, but not ready
@@ -307,11 +356,12 @@ def _recover(pipeline: Pipeline, source: Source, health: Health, stop: threading
             source.seek(pipeline.assign(partitions, source.committed(partitions),
                                         bounds=source.bounds(partitions)))
         except Exception as e:  # the store, or the broker too: wait and try again
+            if isinstance(e, pipeline.store.unavailable):
+                health.store_problem = _store_problem(pipeline.store, e)
             log.warning("cannot reload the partitions yet; retrying", extra={"error": type(e).__name__,
                                                                             "retry_in_s": delay})
             stop.wait(delay)
             delay = min(delay * 2, RECOVERY_BACKOFF_S[1])
             continue
         log.info("state store answers again: partitions reloaded", extra={"partitions": partitions})
-        health.store_problem = ""
         return

@@ -11,6 +11,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from rankmeter.dead_letters import fit
+
 
 class Record(NamedTuple):
     topic: str
@@ -52,6 +54,9 @@ class Source(Protocol):
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
         """Raises SourceUnavailable when the message cannot be taken now."""
+    def delivered(self, timeout_s: float) -> bool:
+        """Whether every message produced is acknowledged, waiting up to `timeout_s` (and
+        sending again those refused): a batch's dead letters are, before its checkpoint."""
     def problem(self) -> str:
         """Why the broker is out of reach (for /readyz), or "" while it answers."""
     def lag(self) -> dict[tuple[str, int], int]: ...
@@ -61,8 +66,9 @@ class Source(Protocol):
 class Bus:
     """Topics in memory, partitioned by key like Kafka, one consumer holding every partition."""
 
-    def __init__(self, partitions: int = 4) -> None:
+    def __init__(self, partitions: int = 4, max_message_bytes: int | None = None) -> None:
         self.partitions = partitions
+        self.max_message_bytes = max_message_bytes  # dead letters over it are cut, as for Kafka
         self.logs: dict[str, list[list[Record]]] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self.committed_offsets: dict[tuple[str, int], int] = {}
@@ -150,7 +156,12 @@ class Bus:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
+        if self.max_message_bytes is not None:  # as Kafka would refuse it, cut to fit
+            key, value, headers = fit(key, value, headers, self.max_message_bytes)
         self.send(topic, key, value, headers)
+
+    def delivered(self, timeout_s: float) -> bool:
+        return True  # in memory: produced is delivered
 
     def problem(self) -> str:
         return ""

@@ -77,8 +77,10 @@ class PartitionSnapshot(NamedTuple):
 
 
 class Store(Protocol):
-    # What the store raises while it cannot be reached (serve waits and reloads).
+    # What the store raises while it cannot be reached or cannot take writes (serve waits
+    # and reloads); `full`, those of them that say it is out of memory (for /readyz).
     unavailable: tuple[type[Exception], ...]
+    full: tuple[type[Exception], ...]
 
     def claim(self, partition: int) -> PartitionSnapshot:
         """Become the partition's owner (a new epoch, atomically) and load its state."""
@@ -99,8 +101,10 @@ class Store(Protocol):
         """Per partition: up to `limit` query ids whose deadline is at or before the
         partition's watermark, and how many queries are open."""
 
-    def wipe(self, partition: int) -> None:
-        """Delete the partition's state (before rebuilding it from the topics)."""
+    def wipe(self, partition: int, epoch: int | None = None) -> bool:
+        """Delete the partition's state but its epoch (before rebuilding it from the topics),
+        atomically; with `epoch`, only while it is the stored one (False: another claim
+        came since, nothing deleted)."""
 
     def partitions(self) -> list[int]:
         """Every partition with stored state (the experiment's statistics sum them all)."""
@@ -110,14 +114,16 @@ class Store(Protocol):
 
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
-    def append_look(self, experiment: str, line: str, keep: int) -> None:
-        """The experiment's history (for `rankmeter report --ab --html`): the last `keep`."""
+    def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
+        """The experiment's history (for `rankmeter report --ab --html`): the last `keep`.
+        With `epoch` (the writer's claim of partition 0, whose holder writes the statistics),
+        only while it is partition 0's stored epoch: False, nothing written, for a stale holder."""
 
     def looks(self, experiment: str) -> list[str]: ...
 
-    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
+    def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         """What an always-valid statistic keeps between looks (running minimum p, the
-        intersection of the confidence sequence), per comparison."""
+        intersection of the confidence sequence), per comparison; `epoch` as for `append_look`."""
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         """Whether `value` may be its own label of `kind`: at most `cap` values seen in the
@@ -142,6 +148,7 @@ class MemoryStore:
     """The store in this process's memory: for the embedded demo and unit tests."""
 
     unavailable: tuple[type[Exception], ...] = ()
+    full: tuple[type[Exception], ...] = ()
 
     def __init__(self) -> None:
         self.epochs: dict[int, int] = {}
@@ -212,10 +219,16 @@ class MemoryStore:
             out[p] = ([q for _, q in due], len(deadlines))
         return out
 
-    def wipe(self, partition: int) -> None:
+    def wipe(self, partition: int, epoch: int | None = None) -> bool:
+        if not self._owner(partition, epoch):
+            return False
         for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets, self.ab,
                       self.meta):
             table.pop(partition, None)
+        return True
+
+    def _owner(self, partition: int, epoch: int | None) -> bool:
+        return epoch is None or self.epochs.get(partition) == epoch
 
     def partitions(self) -> list[int]:
         return sorted(self.offsets)
@@ -226,13 +239,19 @@ class MemoryStore:
     def load_running(self, experiment: str) -> dict[str, str]:
         return dict(self.running.get(experiment, {}))
 
-    def save_running(self, experiment: str, running: Mapping[str, str]) -> None:
+    def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
+        if not self._owner(0, epoch):
+            return False
         self.running.setdefault(experiment, {}).update(running)
+        return True
 
-    def append_look(self, experiment: str, line: str, keep: int) -> None:
+    def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
+        if not self._owner(0, epoch):
+            return False
         lines = self.history.setdefault(experiment, [])
         lines.append(line)
         del lines[:-keep]
+        return True
 
     def looks(self, experiment: str) -> list[str]:
         return list(self.history.get(experiment, []))

@@ -45,6 +45,13 @@ def produce_chunk(bootstrap: str, topics, chunk) -> None:
         produce(bootstrap, topic, [m for t, m in chunk if t == topic])
 
 
+def mid_stream(serve: Serve, bootstrap: str, topics, first: list) -> None:
+    """Start `serve` and feed it the first chunk; return once it is working through it."""
+    serve.start()
+    produce_chunk(bootstrap, topics, first)
+    wait_until(lambda: sum(serve.events().values()) >= len(first) / 4, 120, "serve to be mid-stream", interval=0.01)
+
+
 def split(messages: list, *fractions: float) -> list[list]:
     cuts = [0, *(int(len(messages) * f) for f in fractions), len(messages)]
     return [messages[a:b] for a, b in zip(cuts, cuts[1:])]
@@ -369,10 +376,7 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
                   {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
     try:
-        serve.start()
-        produce_chunk(kafka_bootstrap, topics, first)
-        wait_until(lambda: sum(serve.events().values()) >= len(first) / 4, 120, "serve to be mid-stream",
-                   interval=0.01)
+        mid_stream(serve, kafka_bootstrap, topics, first)
         own.kill()
         outage_started = time.monotonic()
         produce_chunk(kafka_bootstrap, topics, second)
@@ -405,4 +409,57 @@ def test_redis_restarted_mid_stream_recovers_exactly(kafka_bootstrap, redis_url,
     expected, expected_events = reference(kafka_bootstrap, redis_url, topics, tmp_path)
     assert_exact(got, expected)
     assert "Traceback" not in log_after[len(log_during):]
+    assert got_events == expected_events, {k: (got_events.get(k), v) for k, v in expected_events.items()}
+
+
+# ---- 4. Redis full (maxmemory, noeviction) mid-stream ----
+
+def test_a_full_redis_is_not_ready_then_exact_once_memory_is_raised(kafka_bootstrap, redis_url, tmp_path):
+    topics = unique_topics(kafka_bootstrap)
+    messages = messages_of(topics, seed=43, queries=1500)
+    first, second, third = split(messages, 0.3, 0.8)
+    own = RedisServer(tmp_path / "redis", "--maxmemory-policy", "noeviction", "--save", "",
+                      "--appendonly", "no").start()
+    client = redis.Redis.from_url(own.url)
+    serve = Serve(kafka_bootstrap, own.url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
+                  {**FAST_FAILOVER, "RANKMETER_KAFKA_MAX_POLL_RECORDS": "100"}, log_path=tmp_path / "serve.log")
+    # The uninterrupted reference runs beside it (another group, the shared Redis).
+    single = Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}",
+                   log_path=tmp_path / "reference.log")
+    try:
+        single.start()
+        mid_stream(serve, kafka_bootstrap, topics, first)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 64 * 1024)  # just above
+        produce_chunk(kafka_bootstrap, topics, second)
+        wait_until(lambda: serve.get("/readyz")[0] == 503, 30, "/readyz to fail while Redis is full")
+        status, body = serve.get("/readyz")
+        assert status == 503 and "redis is full (maxmemory" in body, body
+        # A claim's few bytes fit where a batch's do not: serve retries with a growing wait,
+        # not ready meanwhile, rather than reload and fail in a loop.
+        wait_until(lambda: (tmp_path / "serve.log").read_text().count("waiting before reloading") >= 2,
+                   30, "serve to back off")
+        assert serve.get("/healthz")[0] == 200 and serve.process.poll() is None, "serve died with Redis full"
+        assert "redis is full (maxmemory" in serve.get("/readyz")[1]
+        log_during = (tmp_path / "serve.log").read_text()
+        failures = log_during.count("the state store failed during a batch")
+        assert 3 <= failures <= 6, failures   # bounded backoff, not a busy loop
+
+        client.config_set("maxmemory", 0)  # memory raised
+        wait_until(lambda: serve.get("/readyz")[0] == 200, 30, "serve to recover by itself")
+        produce_chunk(kafka_bootstrap, topics, third)
+        # Every message counts once (every query has its impression), in the batch that
+        # also moved the sums: counted all, the aggregates are final.
+        for run in (serve, single):
+            wait_until(lambda: sum(run.events().values()) >= len(messages), 60, "serve to count every message")
+        got, got_events = aggregates(serve), serve.events()
+        expected, expected_events = aggregates(single), single.events()
+        log_after = (tmp_path / "serve.log").read_text()
+    finally:
+        for run in (serve, single):
+            if run.process is not None:
+                run.stop()
+        client.close()
+        own.kill()
+    assert "Traceback" not in log_during and "a batch failed" not in log_after
+    assert_exact(got, expected)
     assert got_events == expected_events, {k: (got_events.get(k), v) for k, v in expected_events.items()}

@@ -104,3 +104,21 @@ def test_the_label_cap_admits_until_full_and_frees_idle_values(store):
     assert store.admit_label("ranker", "v1", 2, now_ms=day, idle_ms=2 * day)    # known: refreshed
     assert not store.admit_label("ranker", "v3", 2, now_ms=2 * day, idle_ms=2 * day)
     assert store.admit_label("ranker", "v3", 2, now_ms=3 * day + 1, idle_ms=2 * day)  # v1, v2 idle > 2 days
+
+
+def test_a_stale_claim_can_neither_wipe_nor_write_the_running_statistics(store):
+    stale = store.claim(0).epoch
+    owner = store.claim(0).epoch
+    store.commit([checkpoint(owner, offsets={"imp": 5}, buckets={"b": b"1"})])
+    assert store.wipe(0, stale) is False
+    assert store.load(0).offsets == {"imp": 5} and store.load(0).buckets == {"b": b"1"}
+    # Partition 0's holder keeps the experiment's running statistics and history.
+    assert store.save_running("exp", {"P@10": "0.04"}, owner) is True
+    assert store.save_running("exp", {"P@10": "0.30"}, stale) is False   # would move the minimum p back up
+    assert store.append_look("exp", "stale", 10, stale) is False
+    assert store.load_running("exp") == {"P@10": "0.04"} and store.looks("exp") == []
+    assert store.append_look("exp", "a", 2, owner) and store.append_look("exp", "b", 2, owner)
+    assert store.append_look("exp", "c", 2, owner) and store.looks("exp") == ["b", "c"]
+    assert store.wipe(0, owner) is True
+    snapshot = store.load(0)
+    assert (snapshot.offsets, snapshot.buckets, snapshot.epoch) == ({}, {}, owner)

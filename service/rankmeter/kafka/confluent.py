@@ -29,7 +29,7 @@ from rankmeter.config import Kafka as KafkaSettings
 from rankmeter.kafka.common import (COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, PRODUCE_BLOCK_MS, CoordinatorWatch,
                                     KafkaUnreachable, copartitioned, librdkafka_settings,
                                     librdkafka_text)
-from rankmeter.kafka.producer import ConfluentProducer, Producer
+from rankmeter.kafka.producer import ConfluentProducer, Outbox, Producer
 from rankmeter.source import OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
@@ -62,6 +62,7 @@ class ConfluentSource:
                 **consumer_settings})
             self.producer: Producer = ConfluentProducer(
                 common, producer_settings, int(settings.client.get("max_block_ms", PRODUCE_BLOCK_MS)) / 1000)
+            self.outbox = Outbox(self.producer)  # dead letters, kept until acknowledged
         except KafkaException as e:  # a setting librdkafka refuses (a name, or a value)
             raise ConfigError(f"invalid configuration: kafka.client: {librdkafka_text(e)}") from None
         self._bootstrap_timeout_s = int(settings.client.get("bootstrap_timeout_ms", BOOTSTRAP_TIMEOUT_MS)) / 1000
@@ -180,12 +181,7 @@ class ConfluentSource:
             self._seeked_at[key] = now
 
     def committed(self, partitions: list[int]) -> dict[tuple[str, int], int]:
-        wanted = [TopicPartition(t, p) for t in self._topics for p in partitions]
-        if not wanted:
-            return {}
-        # Bounded: with the broker away this raises, and the claim is tried again.
-        found = self.consumer.committed(wanted, timeout=COMMITTED_TIMEOUT_MS / 1000)
-        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0 and tp.error is None}
+        return _committed(self.consumer, self._topics, partitions)
 
     def bounds(self, partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
         return _bounds(self.consumer, self._topics, partitions)
@@ -255,7 +251,10 @@ class ConfluentSource:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        self.producer.send(topic, key, value, headers)
+        self.outbox.send(topic, key, value, headers)
+
+    def delivered(self, timeout_s: float) -> bool:
+        return self.outbox.delivered(timeout_s)
 
     def problem(self) -> str:
         return self._watch.problem(self._coordinator_up)
@@ -305,6 +304,15 @@ def _records(messages: list[Message]) -> list[Record]:
     # __new__ (measured: 15% of the conversion).
     return [_new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or _NO_HEADERS,
                           m.timestamp()[1])) for m in messages if m.error() is None]
+
+
+def _committed(consumer: Consumer, topics: list[str], partitions: list[int]) -> dict[tuple[str, int], int]:
+    wanted = [TopicPartition(t, p) for t in topics for p in partitions]
+    if not wanted:
+        return {}
+    # Bounded: with the broker away this raises, and the claim is tried again.
+    found = consumer.committed(wanted, timeout=COMMITTED_TIMEOUT_MS / 1000)
+    return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0 and tp.error is None}
 
 
 def _bounds(consumer: Consumer, topics: list[str], partitions: list[int]) -> dict[tuple[str, int], tuple[int, int]]:

@@ -23,7 +23,7 @@ from kafka.structs import OffsetAndMetadata
 
 from rankmeter.config import Kafka as KafkaSettings
 from rankmeter.kafka.common import COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, CoordinatorWatch, copartitioned, known
-from rankmeter.kafka.producer import DEAD_LETTERS, KafkaPythonProducer, Producer
+from rankmeter.kafka.producer import DEAD_LETTERS, KafkaPythonProducer, Outbox, Producer
 from rankmeter.source import OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
@@ -71,6 +71,7 @@ class KafkaSource:
             max_poll_records=settings.max_poll_records,
             **known(settings.client, KafkaConsumer.DEFAULT_CONFIG))
         self.producer: Producer = KafkaPythonProducer(settings, DEAD_LETTERS, client_id)
+        self.outbox = Outbox(self.producer)  # dead letters, kept until acknowledged
         self._watch = CoordinatorWatch(settings.bootstrap_servers)
         self._unclaimed: list[int] | None = None  # assigned, paused, not yet claimed
         self._joining_since: float | None = None   # revoked (or subscribed), no assignment since
@@ -182,7 +183,10 @@ class KafkaSource:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        self.producer.send(topic, key, value, headers)
+        self.outbox.send(topic, key, value, headers)
+
+    def delivered(self, timeout_s: float) -> bool:
+        return self.outbox.delivered(timeout_s)
 
     def problem(self) -> str:
         return self._watch.problem(self._coordinator_known())

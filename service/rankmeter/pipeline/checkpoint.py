@@ -144,7 +144,6 @@ class Checkpoint:
     def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
               settled: Callable[[list[int]], None]) -> Checkpoint:
         """Step 1."""
-        oldest_minute = (batch.now_ms - writing.retention_ms) // MINUTE_MS
         records: dict[int, dict[str, bytes]] = {}
         deadlines: dict[int, dict[str, int]] = {}
         for k, r in batch.touched.items():
@@ -168,8 +167,13 @@ class Checkpoint:
                     batch.count(p)[("feedback", "orphaned")] += len(record.pending) + len(record.shown)
                 ps.lists.pop(qid, None)
                 deleted.append(qid)
+            # Buckets expire by the partition's newest event time (capped at now), not by the
+            # wall clock alone: a forward jump of the clock longer than the retention must
+            # not delete every bucket.
+            newest = min(batch.now_ms, max(ps.watermarks.values(), default=-1))
+            oldest_minute = (newest - writing.retention_ms) // MINUTE_MS if newest >= 0 else None
             with ledger.lock:
-                dropped = [b for b in ps.buckets if b.minute < oldest_minute]
+                dropped = [b for b in ps.buckets if oldest_minute is not None and b.minute < oldest_minute]
                 for b in dropped:
                     del ps.buckets[b]
             rewrite = ps.buckets if ps.rewrite_buckets else batch.dirty_buckets.get(p, ())

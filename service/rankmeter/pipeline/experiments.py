@@ -144,10 +144,12 @@ class Experiments:
         running = self._running(state)
         result, kept = ab_look(experiment, self.baseline, vectors, self.layout, a, running)
         now_ms = int(self.clock() * 1000)
-        if save:
-            self._save_running(state, kept)
+        # Partition 0's holder keeps the running statistics, fenced by its claim: a stale
+        # holder's look (read before a newer one's) must not move them back.
+        owner = self.held[0].epoch if 0 in self.held else None
+        if save and owner is not None and self._save_running(state, kept, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
-                self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP)
+                self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
                 self._last_history_ms = now_ms
         self.result = result
         return result
@@ -164,8 +166,8 @@ class Experiments:
             return
         running = self._running("interleaving")
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
-        if save:
-            self._save_running("interleaving", kept)
+        if save and 0 in self.held:
+            self._save_running("interleaving", kept, self.held[0].epoch)
 
     def _running(self, key: str) -> dict[str, str]:
         """The stored running statistics; what this process saved last where the store lost
@@ -179,6 +181,9 @@ class Experiments:
             return {**stored, **saved}
         return stored
 
-    def _save_running(self, key: str, kept: Mapping[str, str]) -> None:
-        self.store.save_running(key, kept)
+    def _save_running(self, key: str, kept: Mapping[str, str], owner: int) -> bool:
+        """Saved unless a newer holder of partition 0 has claimed it (then False)."""
+        if not self.store.save_running(key, kept, owner):
+            return False
         self._saved[key] = {**self._saved.get(key, {}), **kept}
+        return True

@@ -15,7 +15,7 @@ from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.offsets import Bounds, OffsetChecks
 from rankmeter.pipeline.state import PAIRS, PartitionState
-from rankmeter.store import Store
+from rankmeter.store import FENCED, Store
 from rankmeter.windows import BucketKey, Layout
 
 log = logging.getLogger("rankmeter.pipeline")
@@ -73,7 +73,9 @@ class Claims:
                 continue
             if gone:
                 log.warning("rebuilding a partition from the start of its topics", extra={"partition": p})
-                self.store.wipe(p)
+                if not self.store.wipe(p, snapshot.epoch):  # claimed by another replica since
+                    self.ledger.refused({p: FENCED})
+                    continue
                 self.ledger.rebuilding.add(p)
                 snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
                                              descriptions={}, mark="")

@@ -133,7 +133,7 @@ class PositionBias:
         if not self.measures:
             return
         name = f"propensity|ranks={d.ranks}|min_pairs={d.min_pairs}"
-        if estimate_here:
+        if estimate_here and 0 in self.held:  # partition 0's holder, fenced by its claim
             size = 2 * d.ranks ** 2
             sums = [PairSums.from_vector(np.frombuffer(fields[PAIRS]))
                     for fields in self.store.load_ab(self.store.partitions()).values()
@@ -142,7 +142,7 @@ class PositionBias:
                 return
             found = estimate(merge(sums), d.min_pairs)
             self.store.save_running(name, {"relative": json.dumps(found.relative),
-                                           "support": json.dumps(found.support)})
+                                           "support": json.dumps(found.support)}, self.held[0].epoch)
         else:
             kept = self.store.load_running(name)
             if not kept:
