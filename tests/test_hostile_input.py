@@ -169,6 +169,7 @@ def planted(store: MemoryStore) -> None:
                              "short": bytes(8), "a\x1f\x1f29": bytes(7)})
     store.ab[0].update({"exp\x1fonly-two": bytes(8), "il\x1fe\x1fa": bytes(24), "il\x1fe\x1fa\x1fb": bytes(16),
                         "il\x1fe\x1fa\x1fb\x1fc": bytes(24)})
+    store.meta[0].update({"layout:0123456789abcdef": "not a layout", "layout:fedcba9876543210": '{"ids": 1}'})
 
 
 def interleaved(qid, experiment="e", teams=("A", "B")):
@@ -191,7 +192,8 @@ def test_unreadable_stored_fields_are_counted_logged_once_and_skipped_by_claim_l
     # A restart claims the partition: main raised ValueError here, inside the rebalance callback.
     restarted, _, feed_again = one_partition(ab, store=store, bus=feed.bus)
     assert {(v.ranker, v.window): v.sums for v in restarted.views()} == before
-    assert restarted.unreadable.counts == {"bucket": 4, "experiment": 1, "interleaving": 3, "history": 0}
+    assert restarted.unreadable.counts == {"bucket": 4, "experiment": 1, "interleaving": 3,
+                                           "layout": 2, "history": 0}
     restarted.ab_look()
     restarted.ab_look()  # the look reads every partition's stored sums: skipped each time ...
     assert restarted.unreadable.counts["interleaving"] == 3 * 3 and restarted.unreadable.counts["experiment"] == 3
@@ -199,8 +201,9 @@ def test_unreadable_stored_fields_are_counted_logged_once_and_skipped_by_claim_l
     [preference] = restarted.interleaving_result
     assert (preference.experiment, preference.wins_a) == ("e", 1)
     lines = [r for r in caplog.records if r.getMessage() == "skipping an unreadable stored field"]
-    assert len(lines) == 8  # ... but logged once per key and field
-    assert {r.kind for r in lines} == {"bucket", "experiment", "interleaving"} and lines[0].key == "{0}:buckets"
+    assert len(lines) == 10  # ... but logged once per key and field
+    assert {r.kind for r in lines} == {"bucket", "experiment", "interleaving", "layout"}
+    assert {r.key for r in lines} == {"{0}:buckets", "{0}:ab", "{0}:meta"}
     feed_again([(IMPRESSIONS, native_impression(query_id="later"))])  # the partition goes on
     assert restarted.events[("impressions", "applied")] == 1
     text = render(restarted).decode()

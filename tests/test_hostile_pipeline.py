@@ -180,7 +180,7 @@ class UnreliableStore(MemoryStore):
 
 def expected_views(sent: list[tuple[tuple[str, int, int], Message]]) -> dict:
     """(ranker, segment) -> (queries, {measure: (judged queries, sum of values)}), from
-    scratch: a query's first impression wins; per query, the first message with an event
+    scratch: a query's first impression wins; per query, the first feedback with an event
     id counts; the latest judgment of a document wins (one timestamp for all feedback),
     else its highest implicit grade on a shown document."""
     shown: dict[str, dict] = {}
@@ -195,8 +195,8 @@ def expected_views(sent: list[tuple[tuple[str, int, int], Message]]) -> dict:
         shown.setdefault(e["query_id"], e)
     for _, m in sent:
         e = m.event
-        if e is None or m.topic != FEEDBACK or (e["query_id"], e["event_id"]) in seen:
-            continue
+        if e is None or m.topic != FEEDBACK or e["action"] == "view" or (e["query_id"], e["event_id"]) in seen:
+            continue  # (an action ignored takes no event id: a later event may use it)
         seen.add((e["query_id"], e["event_id"]))
         qid, doc = e["query_id"], e["doc_id"]
         if e["action"] == "judgment":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 
 from rankmeter.config import MAX_GRADE, Settings, duration_ms
@@ -92,7 +91,7 @@ class Rules:
             if grade is None:
                 return Rejected("invalid", "a judgment needs a grade (or a label in evaluation.labels)")
             if not 0 <= grade <= MAX_GRADE:  # (NaN and inf too)
-                return Rejected("invalid", f"grade {grade:.6g} is not a number from 0 to {MAX_GRADE:g}")
+                return Rejected("invalid", f"grade {grade} is not a number >= 0 and <= {MAX_GRADE:g}")
             event_grade, explicit = float(grade), True
         else:
             event_grade, explicit = self.grades[action], False
@@ -162,7 +161,9 @@ def check_id(field: str, value: str) -> str | None:
     return None
 
 
-def check_ids(field: str, values: Iterable[str]) -> str | None:
+def check_ids(field: str, values: list[str]) -> str | None:
+    if not values or max(map(len, values)) <= MAX_ID:  # the common case, at C speed
+        return None
     return next((problem for v in values if (problem := check_id(field, v))), None)
 
 
@@ -170,7 +171,7 @@ def _characters(field: str, value: str) -> str | None:
     if value.isprintable():  # the common case, at C speed: no Cc, Cf, Zl, Zp (nor other separators)
         return None
     bad = next((c for c in value if unicodedata.category(c) in _FORBIDDEN), None)
-    if bad is None:  # only spaces other than ' ' (Zs): allowed
+    if bad is None:  # only other spaces (Zs), private-use or unassigned characters: allowed
         return None
     return f"{field} holds the control character U+{ord(bad):04X} ({unicodedata.category(bad)}): {_shown(value)}"
 

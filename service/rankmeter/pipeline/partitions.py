@@ -68,7 +68,7 @@ class Claims:
                     snapshot = snapshot._replace(buckets={}, ab={}, watermarks={}, layout="", history=[], lists={},
                                                  descriptions={})
                 snapshot = snapshot._replace(offsets={t: 0 for t in self.topics})
-            self.layouts.learn(snapshot.descriptions)
+            self.layouts.learn(snapshot.descriptions, self.unreadable, p)
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
             state.lists = dict(snapshot.lists)
             state.shown_wall_ms = self.wall() * 1000
