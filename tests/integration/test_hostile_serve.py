@@ -2,7 +2,8 @@
 named with \\x1f and one with a 100 KB name are dead letters with their reason; a field
 planted in Redis with a \\x1f-broken layout is counted by rankmeter_store_unreadable_total
 and does not stop the claim when serve restarts; /metrics stays exact on the other
-rankers and small."""
+rankers and small. And the stateful property test of tests/test_hostile_pipeline.py,
+on Redis."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ import uuid
 
 import pytest
 import redis
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 from kafka import KafkaConsumer
+
+from rankmeter.redis_store import RedisStore
+from test_hostile_pipeline import BUDGET, HostilePipeline, Unreliable
 
 from serving import RANKMETER, Serve, produce, quality, unique_topics, wait_until
 
@@ -87,3 +93,24 @@ def test_hostile_names_are_dead_letters_and_a_broken_stored_field_does_not_stop_
     assert len(reasons) == 2
     assert reasons[0].startswith("ranker has 100000 characters, more than the limit of 128") and len(reasons[0]) < 300
     assert reasons[1].startswith("ranker holds the control character U+001F")
+
+
+class UnreliableRedisStore(Unreliable, RedisStore):
+    pass
+
+
+def test_the_hostile_pipeline_property_holds_on_redis(redis_url):
+    class OnRedis(HostilePipeline):
+        def make_store(self) -> UnreliableRedisStore:
+            self.prefix = f"hp-{uuid.uuid4().hex[:8]}"
+            return UnreliableRedisStore(redis_url, self.prefix)
+
+        def teardown(self) -> None:
+            client = redis.Redis.from_url(redis_url)
+            keys = list(client.scan_iter(match=f"{self.prefix}:*"))
+            if keys:
+                client.delete(*keys)
+            client.close()
+            self.store.close()
+
+    run_state_machine_as_test(OnRedis, settings=settings(BUDGET, max_examples=15, stateful_step_count=15))
