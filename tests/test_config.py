@@ -40,7 +40,7 @@ def test_config_file_from_environment(tmp_path):
     ({"RANKMETER_WINDOWS_SIZES": "5m,30s"}, "windows.sizes: '30s' is shorter than the one-minute bucket"),
     ({"RANKMETER_WINDOWS_ATTRIBUTION": "half an hour"}, "windows.attribution: 'half an hour' is not a duration"),
     ({"RANKMETER_EVALUATION_MEASURES": "nDCG@10,MRR"}, "evaluation.measures: unknown measure 'MRR'"),
-    ({"RANKMETER_EVALUATION_GRADES": "click=-1"}, "evaluation.grades: grades must be >= 0"),
+    ({"RANKMETER_EVALUATION_GRADES": "click=-1"}, "evaluation.grades: grades must be from 0 to 1000"),
     ({"RANKMETER_EVALUATION_EMPTY_QUERY_POLICY": "drop"}, "evaluation.empty_query_policy: must be skip or zero"),
     ({"RANKMETER_REDIS_URL": "localhost:6379"}, "redis.url: must start with redis://, rediss:// or unix://"),
     ({"RANKMETER_AB_START": "2026-12-01T09:00:00"},

@@ -24,6 +24,9 @@ class ConfigError(Exception):
 
 
 KAFKA_BACKENDS = ("kafka-python", "confluent")
+# Every grade, a judgment's or the configuration's, is 0 <= g <= MAX_GRADE: a sum of gains
+# then stays finite (two judgments of 1e308 made a bucket's micro nDCG inf/inf).
+MAX_GRADE = 1000.0
 
 
 class Kafka(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,6 +102,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_events_per_query: int = 10_000  # further feedback for the query is dead-lettered
     max_rankers: int = 20     # further rankers are folded into `other`
     max_segments: int = 20    # so are further segment values
+    max_experiments: int = 20  # further interleaving experiments are not counted
     label_idle: str = "7d"    # a ranker or segment unseen this long frees its place under the cap
     ubi_ranker_attribute: str = "ranker"
     # query_attributes.<this>: how many results a UBI query record without hit ids showed;
@@ -321,19 +325,21 @@ def _check(s: Settings) -> None:
         fail("evaluation.measures", str(e))
     if s.evaluation.empty_query_policy not in ("skip", "zero"):
         fail("evaluation.empty_query_policy", "must be skip or zero")
-    if any(g < 0 for g in s.evaluation.grades.values()):
-        fail("evaluation.grades", "grades must be >= 0")
+    if any(not 0 <= g <= MAX_GRADE for g in s.evaluation.grades.values()):
+        fail("evaluation.grades", f"grades must be from 0 to {MAX_GRADE:g}")
+    if not 0 <= s.evaluation.long_dwell_grade <= MAX_GRADE:
+        fail("evaluation.long_dwell_grade", f"must be from 0 to {MAX_GRADE:g}")
     if "judgment" in s.evaluation.grades:
         fail("evaluation.grades", "`judgment` takes its grade from the event, not the map")
     if "impression" in s.evaluation.grades:
         fail("evaluation.grades", "`impression` events place documents in lists; they have no grade")
-    if any(not g >= 0 for g in s.evaluation.labels.values()):
-        fail("evaluation.labels", "grades must be >= 0")
+    if any(not 0 <= g <= MAX_GRADE for g in s.evaluation.labels.values()):
+        fail("evaluation.labels", f"grades must be from 0 to {MAX_GRADE:g}")
     if not 0 < s.metrics.port < 65536:
         fail("metrics.port", f"{s.metrics.port} is not a TCP port")
     if not s.redis.url.startswith(("redis://", "rediss://", "unix://")):
         fail("redis.url", "must start with redis://, rediss:// or unix://")
-    for name in ("max_results", "max_events_per_query", "max_rankers", "max_segments"):
+    for name in ("max_results", "max_events_per_query", "max_rankers", "max_segments", "max_experiments"):
         if getattr(s.limits, name) < 1:
             fail(f"limits.{name}", "must be at least 1")
     if not 0 < s.ab.alpha < 1:

@@ -129,11 +129,17 @@ class PipelineCollector:
             events.add_metric([stream, outcome], n)
         yield events
         folded = CounterMetricFamily("rankmeter_labels_folded",
-                                     "Ranker or segment values folded into `other` by the cap.",
+                                     "Ranker or segment values folded into `other` by the cap (experiment: "
+                                     "interleaving experiments not counted).",
                                      labels=["label"])
-        for kind in ("ranker", "segment"):
+        for kind in ("ranker", "segment", "experiment"):
             folded.add_metric([kind], self.readout.folded[kind])
         yield folded
+        unreadable = CounterMetricFamily("rankmeter_store_unreadable", "Stored fields skipped because this "
+                                         "version cannot read them (logged once each), by kind.", labels=["kind"])
+        for kind, n in sorted(dict(self.readout.unreadable).items()):
+            unreadable.add_metric([kind], n)
+        yield unreadable
         lag = GaugeMetricFamily("rankmeter_consumer_lag", "Records behind the end of each "
                                 "assigned partition.", labels=["topic", "partition"])
         for (topic, partition), n in sorted(self.lag().items()):

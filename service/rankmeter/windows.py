@@ -55,6 +55,7 @@ class BucketKey(NamedTuple):
 
     @classmethod
     def decode(cls, field: str) -> BucketKey:
+        """Raises ValueError for a field that is not ranker␟segment␟minute."""
         ranker, segment, minute = field.split("\x1f")
         return cls(ranker, segment, int(minute))
 

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 
 from rankmeter.ab.experiment import Comparison, Look
+from rankmeter.unreadable import Unreadable
 
 LOWER_IS_BETTER = frozenset({"Abandonment", "FirstClickRank"})
 
@@ -63,14 +64,16 @@ def snapshot(look: Look, at_ms: int) -> str:
                              for c in look.comparisons}})
 
 
-def page(look: Look, history: Sequence[str], alpha: float, metrics: Sequence[str]) -> str:
+def page(look: Look, history: Sequence[str], alpha: float, metrics: Sequence[str],
+         unreadable: Unreadable | None = None) -> str:
     """A self-contained HTML report: the table, and per metric the macro delta with its
-    confidence sequence and the p-value over time, then the arms' sizes."""
+    confidence sequence and the p-value over time, then the arms' sizes. History lines
+    and entries that cannot be read are skipped (counted in `unreadable`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [json.loads(line) for line in history]
+    points = readable_history(look.experiment, history, unreadable or Unreadable())
     figures = []
     for metric in metrics:
         keys = sorted({k for p in points for k in p["c"] if k.split("\x1f")[0] == metric and k.endswith("macro")})
@@ -115,6 +118,23 @@ def page(look: Look, history: Sequence[str], alpha: float, metrics: Sequence[str
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rankmeter A/B {html.escape(look.experiment)}"
             f"</title></head><body style='font-family: sans-serif'><h1>A/B experiment {html.escape(look.experiment)}</h1>"
             f"<pre>{html.escape(table(look, alpha))}</pre>{images or '<p>No history yet.</p>'}</body></html>")
+
+
+def readable_history(experiment: str, history: Sequence[str], unreadable: Unreadable) -> list[dict]:
+    """The history lines as `snapshot` wrote them: each comparison metric␟ranker␟segment␟average
+    of four numbers, each arm ranker␟segment; any other line or entry is skipped."""
+    points = []
+    for line in history:
+        try:
+            p = json.loads(line)
+            arms = {k: float(v) for k, v in p["arms"].items() if k.count("\x1f") == 1}
+            c = {k: [float(x) for x in v] for k, v in p["c"].items() if k.count("\x1f") == 3 and len(v) == 4}
+            if len(arms) != len(p["arms"]) or len(c) != len(p["c"]):
+                raise ValueError("an entry is not in the snapshot's layout")
+            points.append({"t": float(p["t"]), "arms": arms, "c": c})
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            unreadable.skip("history", f"ab:looks:{experiment}", line[:200], f"{type(e).__name__}: {e}")
+    return points
 
 
 def _finite(x: float) -> float:

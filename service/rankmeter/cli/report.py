@@ -76,7 +76,7 @@ def _report_ab(args: argparse.Namespace, settings, pipeline, store) -> int:
         print(report.table(look, alpha))
     if args.html:
         try:
-            text = report.page(look, history, alpha, pipeline.ab_layout.names)
+            text = report.page(look, history, alpha, pipeline.ab_layout.names, pipeline.unreadable)
         except ImportError:
             raise UsageError("--html needs matplotlib: pip install 'rankmeter[report]'") from None
         with open(args.html, "w", encoding="utf-8") as f:

@@ -9,7 +9,7 @@ import msgspec
 
 from rankmeter.config import Settings
 from rankmeter.events.model import Feedback, Impression, Rejected
-from rankmeter.events.rules import Rules
+from rankmeter.events.rules import Rules, check_name
 from rankmeter.events.ubi import UbiDecoder
 from rankmeter.events.wire import UBI_QUERY_KEYS, Interleaving, NativeFeedback, NativeImpression, why
 
@@ -79,6 +79,10 @@ def _interleaved(impression: Impression, shown: list[str], il: Interleaving) -> 
         return Rejected("invalid", f"interleaving.teams has {len(il.teams)} entries for {len(shown)} results")
     if not il.experiment or len(set(il.teams)) != 2:
         return Rejected("invalid", "interleaving needs an experiment name and exactly two teams")
+    problem = check_name("interleaving.experiment", il.experiment) or next(
+        (p for team in set(il.teams) if (p := check_name("interleaving.teams", team))), None)
+    if problem:
+        return Rejected("invalid", problem)
     first = {}
     for doc, team in zip(shown, il.teams):
         first.setdefault(doc, team)
@@ -95,4 +99,4 @@ def _never_raising(decode, value: bytes | None, now_ms: int):
     except RecursionError:
         return Rejected("invalid", "JSON nested too deeply")
     except Exception as e:  # a bug in our checks must not become a crash loop either
-        return Rejected("invalid", f"cannot decode: {e.__class__.__name__}: {e}")
+        return Rejected("invalid", f"cannot decode: {e.__class__.__name__}: {str(e)[:200]}")

@@ -5,11 +5,20 @@ its action gives (brief §3)."""
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from datetime import datetime, timedelta, timezone
 
-from rankmeter.config import Settings, duration_ms
+from rankmeter.config import MAX_GRADE, Settings, duration_ms
 from rankmeter.engine.query import first_occurrences
 from rankmeter.events.model import IMPRESSION_ACTION, Feedback, Impression, Rejected
+
+# What a message's strings may hold (docs/events.md, docs/security.md). Names become label
+# values, stored field parts and log fields; ids are stored in query records.
+MAX_NAME = 128       # ranker, segment, interleaving experiment and team names, judgment labels
+MAX_ID = 512         # event_id, doc_id, the results' and UBI object ids, UBI message_id
+# Control characters (\x00, \n, the field separator \x1f, …), format characters (bidi
+# overrides, zero-width) and line/paragraph separators: never in a name or a key part.
+_FORBIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
 class Rules:
@@ -35,6 +44,9 @@ class Rules:
             return Rejected("invalid", "ranker is empty")
         if len(results) > self.max_results:
             return Rejected("invalid", f"{len(results)} results, more than the limit of {self.max_results}")
+        problem = check_name("ranker", ranker) or check_name("segment", segment) or check_ids("results", results)
+        if problem:
+            return Rejected("invalid", problem)
         ts = self.timestamp(timestamp, now_ms)
         if isinstance(ts, Rejected):
             return ts
@@ -50,13 +62,16 @@ class Rules:
                  label: str | None, value: bytes, now_ms: int, first_position: int = 1) -> Feedback | Rejected:
         if not self.known(action):
             if self.reject_unknown:
-                return Rejected("invalid", f"unknown action {action!r}")
-            return Rejected("ignored", f"action {action!r} is not in the grade map")
+                return Rejected("invalid", f"unknown action {action[:100]!r}")
+            return Rejected("ignored", f"action {action[:100]!r} is not in the grade map")
         problem = check_query_id(query_id)
         if problem:
             return Rejected("invalid", problem)
         if not doc_id:
             return Rejected("invalid", "doc_id is empty")
+        problem = check_id("doc_id", doc_id) or (check_id("event_id", event_id) if event_id else None)
+        if problem:
+            return Rejected("invalid", problem)
         if position is not None and position < first_position:
             return Rejected("invalid", f"position {position} is below {first_position}")
         if dwell_ms is not None and dwell_ms < 0:
@@ -67,13 +82,16 @@ class Rules:
             event_grade, explicit = 0.0, False
         elif action == "judgment":
             if grade is None and label is not None:
+                problem = check_name("label", label)
+                if problem:
+                    return Rejected("invalid", problem)
                 if label not in self.labels:
                     return Rejected("invalid", f"judgment label {label[:100]!r} is not in evaluation.labels")
                 grade = self.labels[label]
             if grade is None:
                 return Rejected("invalid", "a judgment needs a grade (or a label in evaluation.labels)")
-            if not grade >= 0 or grade == float("inf"):
-                return Rejected("invalid", f"grade {grade} is not a number >= 0")
+            if not 0 <= grade <= MAX_GRADE:  # (NaN and inf too)
+                return Rejected("invalid", f"grade {grade} is not a number >= 0 and <= {MAX_GRADE:g}")
             event_grade, explicit = float(grade), True
         else:
             event_grade, explicit = self.grades[action], False
@@ -92,9 +110,9 @@ class Rules:
         except ValueError as e:
             return Rejected("invalid", str(e))
         if ms < now_ms - self.max_past_ms:
-            return Rejected("invalid", f"timestamp {timestamp!r} is too far in the past")
+            return Rejected("invalid", f"timestamp {_shown(timestamp)} is too far in the past")
         if ms > now_ms + self.max_future_ms:
-            return Rejected("invalid", f"timestamp {timestamp!r} is too far in the future")
+            return Rejected("invalid", f"timestamp {_shown(timestamp)} is too far in the future")
         return ms
 
 
@@ -107,13 +125,13 @@ def event_time_ms(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if not isinstance(value, str):
-        raise ValueError("no timestamp" if value is None else f"timestamp {value!r} is not RFC 3339 or epoch milliseconds")
+        raise ValueError("no timestamp" if value is None else f"timestamp {_shown(value)} is not RFC 3339 or epoch milliseconds")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"timestamp {value!r} is not RFC 3339 or epoch milliseconds") from None
+        raise ValueError(f"timestamp {_shown(value)} is not RFC 3339 or epoch milliseconds") from None
     if parsed.tzinfo is None:
-        raise ValueError(f"timestamp {value!r} has no time zone")
+        raise ValueError(f"timestamp {_shown(value)} has no time zone")
     return (parsed - _EPOCH) // timedelta(milliseconds=1)
 
 
@@ -127,4 +145,39 @@ def query_hash(text: str) -> str:
 def check_query_id(query_id: str) -> str | None:
     if not 1 <= len(query_id) <= 256:
         return f"query_id must have 1 to 256 characters, not {len(query_id)}"
+    return _characters("query_id", query_id)
+
+
+def check_name(field: str, value: str) -> str | None:
+    """Why a name (a label value, a stored field's part) is refused, or None."""
+    if len(value) > MAX_NAME:
+        return f"{field} has {len(value)} characters, more than the limit of {MAX_NAME}: {_shown(value)}"
+    return _characters(field, value)
+
+
+def check_id(field: str, value: str) -> str | None:
+    if len(value) > MAX_ID:
+        return f"{field} has {len(value)} characters, more than the limit of {MAX_ID}: {_shown(value)}"
     return None
+
+
+def check_ids(field: str, values: list[str]) -> str | None:
+    if not values or max(map(len, values)) <= MAX_ID:  # the common case, at C speed
+        return None
+    return next((problem for v in values if (problem := check_id(field, v))), None)
+
+
+def _characters(field: str, value: str) -> str | None:
+    if value.isprintable():  # the common case, at C speed: no Cc, Cf, Zl, Zp (nor other separators)
+        return None
+    bad = next((c for c in value if unicodedata.category(c) in _FORBIDDEN), None)
+    if bad is None:  # only other spaces (Zs), private-use or unassigned characters: allowed
+        return None
+    return f"{field} holds the control character U+{ord(bad):04X} ({unicodedata.category(bad)}): {_shown(value)}"
+
+
+def _shown(value: object) -> str:
+    """A value in a reason: its first 100 characters, quoted (a reason never carries a hostile string whole)."""
+    if not isinstance(value, str):
+        return repr(value)[:100]
+    return repr(value[:100]) + ("…" if len(value) > 100 else "")

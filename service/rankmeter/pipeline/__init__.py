@@ -44,6 +44,7 @@ from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.pipeline.sweep import SWEEP_LIMIT, Sweep
 from rankmeter.source import Record
 from rankmeter.store import REWOUND, Store
+from rankmeter.unreadable import Unreadable
 from rankmeter.windows import Layout, WindowView, window_views
 
 __all__ = ["IPW", "OTHER", "PAIRS", "SWEEP_LIMIT", "Checkpoint", "PartitionState", "Pipeline", "layout_for"]
@@ -68,10 +69,13 @@ class Pipeline:
         # `bounds`: the source's log start and end per partition, to find offsets gone backwards.
         checks = OffsetChecks(self.ledger, settings.kafka.on_offsets_reset, bounds)
         self.position_bias = PositionBias(settings, store, self.partitions)
-        self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock)
+        self.unreadable = Unreadable()  # stored fields skipped: counted, never raised
         self.labels = Labels(settings, store, clock)
+        self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock, self.labels,
+                                       self.unreadable)
         self._claims = Claims(settings, store, self.partitions, layouts, self.ledger, self.lock, wall,
-                              debiased=bool(self.position_bias.measures), checks=checks)
+                              debiased=bool(self.position_bias.measures), checks=checks,
+                              unreadable=self.unreadable)
         self._intake = Intake(settings, self.partitions, dead_letter, wall, checks)
         self._sweep = Sweep(settings, store, self.partitions, wall)
         self.records = Records(store, self.partitions, layouts)
@@ -92,6 +96,7 @@ class Pipeline:
             fenced_total=lambda: ledger.fenced_total, open_queries=functools.partial(_open_queries, held),
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
+            unreadable=self.unreadable.counts,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----

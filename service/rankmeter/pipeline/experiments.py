@@ -16,8 +16,10 @@ from rankmeter.ab.experiment import look as ab_look
 from rankmeter.config import Settings, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
+from rankmeter.pipeline.labels import Labels
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import Store
+from rankmeter.unreadable import Unreadable
 from rankmeter.windows import Layout
 
 log = logging.getLogger("rankmeter.pipeline")
@@ -25,12 +27,29 @@ log = logging.getLogger("rankmeter.pipeline")
 HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
 HISTORY_KEEP = 20_000         # ... for two weeks
 INTERLEAVING = "il\x1f"       # the fields of interleaving counts: il␟experiment␟a␟b
+# A record's `ab_experiment` for an interleaved query it counts in no experiment: its
+# experiment or a team was past the label caps when its impression was applied.
+NOT_COUNTED = INTERLEAVING
+
+
+def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
+    """(kind, why) when a stored experiment field cannot be read, else None. Names hold
+    no \x1f (the decoder refuses control characters), so each part is one name."""
+    kind = "interleaving" if field.startswith(INTERLEAVING) else "experiment"
+    parts, expected = field.count("\x1f") + 1, 4 if kind == "interleaving" else 3
+    if parts != expected:
+        return kind, f"{parts} parts separated by \\x1f, not {expected}"
+    if len(data) % 8 or (kind == "interleaving" and len(data) != 24):
+        return kind, f"{len(data)} bytes of sums"
+    return None
 
 
 class Experiments:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], layout: Layout,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], labels: Labels, unreadable: Unreadable) -> None:
         self.settings = settings
+        self.labels = labels
+        self.unreadable = unreadable
         self.store = store
         self.held = held
         self.layout = layout  # the A/B layout: the debiased measures are not in experiments
@@ -64,11 +83,24 @@ class Experiments:
     def enrol(self, record: QueryRecord) -> str:
         """The experiment an impression belongs to, decided once, when it is applied, by its
         time alone: every impression of a ranker from `ab.start` on, and nothing that
-        feedback could select later. Interleaved lists have their own experiment."""
+        feedback could select later. An interleaved list counts in its interleaving
+        experiment: the field of its counts, fixed here like the ranker's label."""
         impression = record.impression
-        if self.start is None or impression.experiment or impression.timestamp_ms < self.start:
+        if impression.experiment:
+            return self._interleaving_field(impression.experiment, impression.teams)
+        if self.start is None or impression.timestamp_ms < self.start:
             return ""
         return self.name or ""
+
+    def _interleaving_field(self, experiment: str, teams: list[str]) -> str:
+        """The experiment and both teams under the label caps (`limits.max_experiments`,
+        `limits.max_rankers`): an interleaving experiment is a label; else not counted
+        (a preference between a ranker and `other` means nothing)."""
+        a, b = sorted(set(teams))
+        label = self.labels.label
+        if label("experiment", experiment) != experiment or label("ranker", a) != a or label("ranker", b) != b:
+            return NOT_COUNTED
+        return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}"
 
     def move(self, keys: list[Touched], records: list[QueryRecord], values: np.ndarray,
              nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
@@ -102,12 +134,16 @@ class Experiments:
             impression = record.impression
             if not impression.experiment:
                 continue
+            field = record.ab_experiment
+            if field == NOT_COUNTED:
+                continue
             a, b = sorted(set(impression.teams))
             credit = Counter(impression.teams[impression.results.index(doc)] for doc in record.clicked)
             outcome = -1 if not record.clicked else 0 if credit[a] > credit[b] else 1 if credit[b] > credit[a] else 2
             if outcome == record.interleaving_outcome:
                 continue
-            field = f"{INTERLEAVING}{impression.experiment}\x1f{a}\x1f{b}"
+            if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it
+                field = f"{INTERLEAVING}{impression.experiment}\x1f{a}\x1f{b}"
             ps = self.held[k.partition]
             counts = ps.ab.setdefault(field, np.zeros(3))
             if record.interleaving_outcome >= 0:
@@ -129,11 +165,11 @@ class Experiments:
         if not self.baseline or experiment is None:
             return None
         vectors: dict[tuple[str, str], np.ndarray] = {}
-        for fields in stored.values():
+        for p, fields in stored.items():
             for field, data in fields.items():
-                if field == PAIRS or field.startswith(INTERLEAVING):
+                if field == PAIRS or field.startswith(INTERLEAVING) or self._unreadable(p, field, data):
                     continue
-                name, ranker, segment = field.split("\x1f", 2)
+                name, ranker, segment = field.split("\x1f")
                 vector = np.frombuffer(data)
                 if name != experiment or len(vector) != self.size:
                     continue  # another experiment, or a replica still on another configuration
@@ -156,9 +192,9 @@ class Experiments:
 
     def _look_at_interleaving(self, stored: Mapping[int, Mapping[str, bytes]], save: bool) -> None:
         vectors: dict[tuple[str, str, str], np.ndarray] = {}
-        for fields in stored.values():
+        for p, fields in stored.items():
             for field, data in fields.items():
-                if field.startswith(INTERLEAVING):
+                if field.startswith(INTERLEAVING) and not self._unreadable(p, field, data):
                     _, experiment, a, b = field.split("\x1f")
                     vectors[(experiment, a, b)] = vectors.get((experiment, a, b), 0) + np.frombuffer(data)
         if not vectors:
@@ -187,3 +223,9 @@ class Experiments:
             return False
         self._saved[key] = {**self._saved.get(key, {}), **kept}
         return True
+
+    def _unreadable(self, p: int, field: str, data: bytes) -> bool:
+        problem = ab_problem(field, data)
+        if problem is not None:
+            self.unreadable.skip(problem[0], f"{{{p}}}:ab", field, problem[1])
+        return problem is not None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from rankmeter.config import Evaluation, Settings
 from rankmeter.engine import ONLINE_SIGNALS, parse_all
+from rankmeter.unreadable import Unreadable
 from rankmeter.windows import Layout
 
 IPW = "ipw:"  # layout names of the debiased measures: ipw:nDCG@10
@@ -58,10 +59,15 @@ class Layouts:
         self.ab = layout_for(settings, debiased=False)
         self.known: dict[str, Layout | None] = {self.current.fingerprint: self.current}
 
-    def learn(self, descriptions: Mapping[str, str]) -> None:
+    def learn(self, descriptions: Mapping[str, str], unreadable: Unreadable, partition: int) -> None:
+        """The partition's stored layout descriptions; one that cannot be read is counted
+        and skipped (its layout stays unknown, as one never described)."""
         for fingerprint, description in descriptions.items():
             if fingerprint not in self.known:
-                self.known[fingerprint] = Layout.from_description(description)
+                try:
+                    self.known[fingerprint] = Layout.from_description(description)
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    unreadable.skip("layout", f"{{{partition}}}:meta", f"layout:{fingerprint}", repr(e))
 
     def get(self, fingerprint: str) -> Layout | None:
         return self.known.get(fingerprint)

@@ -12,10 +12,12 @@ import numpy as np
 
 from rankmeter.config import Settings
 from rankmeter.pipeline.checkpoint import Ledger
+from rankmeter.pipeline.experiments import ab_problem
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.offsets import Bounds, OffsetChecks
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import FENCED, Store
+from rankmeter.unreadable import Unreadable
 from rankmeter.windows import BucketKey, Layout
 
 log = logging.getLogger("rankmeter.pipeline")
@@ -26,9 +28,10 @@ class Claims:
 
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], layouts: Layouts,
                  ledger: Ledger, lock: threading.Lock, wall: Callable[[], float], debiased: bool,
-                 checks: OffsetChecks) -> None:
+                 checks: OffsetChecks, unreadable: Unreadable) -> None:
         self.settings = settings
         self.checks = checks
+        self.unreadable = unreadable
         self.store = store
         self.held = held
         self.layouts = layouts
@@ -83,7 +86,7 @@ class Claims:
             if not offsets:  # from the start of the retained log
                 offsets = {t: bounds.get((t, p), (0, 0))[0] for t in self.topics}
             snapshot = snapshot._replace(offsets=offsets)
-            self.layouts.learn(snapshot.descriptions)
+            self.layouts.learn(snapshot.descriptions, self.unreadable, p)
             state = PartitionState(snapshot.epoch, dict(snapshot.offsets), dict(snapshot.watermarks), {})
             state.lists = dict(snapshot.lists)
             state.mark = snapshot.mark
@@ -95,7 +98,7 @@ class Claims:
             state.buckets = self._load_buckets(p, snapshot.buckets, stored, state)
             # Experiment sums as stored: an A/B experiment's name includes its layout, and
             # interleaving counts are the same in every layout.
-            state.ab = {field: np.frombuffer(data).copy() for field, data in snapshot.ab.items()}
+            state.ab = self._load_ab(p, snapshot.ab)
             if self.debiased:
                 stored_pairs = state.ab.get(PAIRS)
                 size = 2 * self.settings.debias.ranks ** 2
@@ -150,13 +153,29 @@ class Claims:
                      extra={"partition": p, "from": old.names, "to": layout.names})
         buckets = {}
         for field, data in stored.items():
-            vector = np.frombuffer(data, dtype=np.float64)
+            try:
+                key = BucketKey.decode(field)
+                vector = np.frombuffer(data, dtype=np.float64)
+            except ValueError as e:  # left in the store: a version that can read it may
+                self.unreadable.skip("bucket", f"{{{p}}}:buckets", field, e)
+                continue
             if len(vector) != old.size:
                 log.warning("dropping a window bucket of unexpected size", extra={"partition": p, "bucket": field})
                 state.drop_fields.append(field)
                 continue
-            buckets[BucketKey.decode(field)] = vector.copy() if old is layout else layout.convert(vector, old)
+            buckets[key] = vector.copy() if old is layout else layout.convert(vector, old)
         return buckets
+
+    def _load_ab(self, p: int, stored: dict[str, bytes]) -> dict[str, np.ndarray]:
+        """The stored experiment sums that can be read (the others are counted and skipped)."""
+        ab = {}
+        for field, data in stored.items():
+            problem = ab_problem(field, data)
+            if problem is not None:
+                self.unreadable.skip(problem[0], f"{{{p}}}:ab", field, problem[1])
+                continue
+            ab[field] = np.frombuffer(data).copy()
+        return ab
 
     def revoke(self, partitions: list[int], reclaiming: bool) -> None:
         with self.lock:

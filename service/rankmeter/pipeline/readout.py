@@ -30,3 +30,4 @@ class Readout:
     ab_result: Callable[[], Look | None]            # the experiment's last look (partition 0's holder)
     interleaving_result: Callable[[], list[Preference]]
     production_rankers: tuple[str, ...]             # alerts.production_rankers
+    unreadable: Mapping[str, int]                   # kind -> stored fields skipped (unreadable.py)
