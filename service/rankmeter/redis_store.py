@@ -257,7 +257,7 @@ class RedisStore:
             for p in partitions:
                 pipe.hget(self._key(p, "meta"), "mark")
             found = pipe.execute()
-        return {p: (m or b"").decode() for p, m in zip(partitions, found)}
+        return {p: (m or b"").decode(errors="replace") for p, m in zip(partitions, found)}
 
     def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
         partitions = list(watermarks)

@@ -97,6 +97,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
     consumed = 0
     failures = 0  # batches the store failed in a row: the wait before reloading grows with them
+    full = False  # the last of them failed for want of memory
     paused: set[int] = set()
     try:
         while not stop.is_set():
@@ -123,7 +124,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     # The batch may or may not be stored: reload every partition from the
                     # store (state and offsets agree there) once it answers again.
                     health.store_problem = _store_problem(store, e)
-                    failures += 1
+                    failures, full = failures + 1, isinstance(e, store.full)
                     reload[0] = True
                     log.error("the state store failed during a batch; reloading from it once it answers",
                               extra={"error": type(e).__name__, "reason": health.store_problem})
@@ -140,8 +141,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     exporter.batch_records.observe(len(records))
                 checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
-                if not reload[0]:  # stored (and no claim failed meanwhile): the store takes writes again
-                    failures, health.store_problem = 0, ""
+                if not reload[0] and (checkpoint.partitions or not full):
+                    # No claim failed meanwhile, and the store took a write (a full one takes a
+                    # claim, and an empty checkpoint writes nothing: only a stored batch proves it).
+                    failures, full, health.store_problem = 0, False, ""
                 if pipeline.rewound and not _reclaim(pipeline, source, health):
                     reload[0] = True
                 paused |= _refused(pipeline, source, paused)
@@ -328,7 +331,11 @@ def _reclaim(pipeline: Pipeline, source: Source, health: Health) -> bool:
     try:
         resume = pipeline.assign(rewound, source.committed(rewound), bounds=source.bounds(rewound))
     except Exception as e:  # the store or the broker away: reload everything once they answer
-        health.store_problem = f"reclaiming partitions after lost writes failed: {type(e).__name__}"
+        problem = f"reclaiming partitions after lost writes failed: {type(e).__name__}"
+        if isinstance(e, pipeline.store.unavailable):
+            health.store_problem = problem
+        else:  # the broker (a topic's bounds, its commit)
+            health.source_problem = problem
         return False
     source.seek({**pipeline.positions(), **resume})
     return True

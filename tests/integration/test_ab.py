@@ -189,7 +189,10 @@ def expected(truth, start: int, split: dict[str, float]) -> dict:
 # ---- what serve exports ----------------------------------------------------------------
 
 def ab_series(serve: Serve) -> dict:
-    return {k: v for k, v in serve.metrics().items() if k[0].startswith("rankmeter_ab_")}
+    """The experiment's series (partition 0's holder's), not the counter every replica keeps
+    of running statistics it found lost."""
+    return {k: v for k, v in serve.metrics().items()
+            if k[0].startswith("rankmeter_ab_") and k[0] != "rankmeter_ab_running_lost_total"}
 
 
 def comparison_values(series: dict) -> dict:

@@ -116,7 +116,9 @@ class Pipeline:
         partitions = list(partitions)
         self._claims.revoke(partitions, reclaiming)
         if 0 in partitions:  # the experiments' statistics are exported by partition 0's holder
-            self.experiments.forget()
+            # Claimed again by this process at once (a store failure, lost writes): what it
+            # saved last is still the truth to compare the store with.
+            self.experiments.forget(keep_saved=reclaiming or 0 in self.ledger.rewound)
         if reclaiming:
             # After a store failure the harvest table may hold a batch that was never stored
             # (and will be replayed). A rebalance keeps it: every batch harvested before it was stored.
@@ -261,7 +263,9 @@ def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Lay
 
 
 def _epoch(mark: str) -> int:
-    return int(mark.partition(":")[0] or 0)
+    """A mark's epoch; 0 for one that cannot be read (not ours: the partition is claimed again)."""
+    epoch = mark.partition(":")[0]
+    return int(epoch) if epoch.isascii() and epoch.isdigit() else 0
 
 
 def _open_queries(held: Mapping[int, PartitionState]) -> int:

@@ -75,10 +75,12 @@ class Experiments:
             return None
         return f"{self.baseline}@{self.start}@{self.layout.fingerprint}"
 
-    def forget(self) -> None:
-        """No results exported: they are partition 0's holder's."""
+    def forget(self, keep_saved: bool = False) -> None:
+        """No results exported: they are partition 0's holder's. Unless this process claims
+        partition 0 again at once (`keep_saved`), another holder may save them now."""
         self.result, self.interleaving = None, []
-        self._saved = {}  # another holder may save them now
+        if not keep_saved:
+            self._saved = {}
 
     def enrol(self, record: QueryRecord) -> str:
         """The experiment an impression belongs to, decided once, when it is applied, by its

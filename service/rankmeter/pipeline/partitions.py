@@ -63,8 +63,12 @@ class Claims:
         for p in partitions:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
             stored, offsets = snapshot.offsets, dict(snapshot.offsets)
+            # Claimed again: not rewound any more, whatever the claim finds (else a partition
+            # whose state is gone entirely would be claimed again on every batch).
+            rewound = p in self.ledger.rewound
+            self.ledger.rewound.discard(p)
             gone = not offsets and any(committed.get((t, p), 0) > 0 for t in self.topics)
-            if offsets and self._lost_writes(p, offsets, committed, bounds):
+            if offsets and self._lost_writes(p, offsets, committed, bounds, rewound):
                 gone = True
             elif offsets and not self.checks.at_claim(p, offsets, bounds):
                 continue
@@ -120,14 +124,13 @@ class Claims:
         return resume
 
     def _lost_writes(self, p: int, offsets: Mapping[str, int], committed: Mapping[tuple[str, int], int],
-                     bounds: Bounds) -> bool:
+                     bounds: Bounds, rewound: bool) -> bool:
         """Whether the store lost the partition's last checkpoints (Kafka's commit is ahead
         of the stored offsets, or a checkpoint was refused as REWOUND), counted and logged,
         and Kafka no longer holds the stored offsets: then its state is lost."""
         ahead = [t for t in self.topics if committed.get((t, p), -1) > offsets.get(t, 0)]
-        if not ahead and p not in self.ledger.rewound:
+        if not ahead and not rewound:
             return False
-        self.ledger.rewound.discard(p)
         self.ledger.checkpoints_lost[p] += 1
         gone = [t for t in self.topics if (t, p) in bounds and offsets.get(t, 0) < bounds[(t, p)][0]]
         log.error("the state store lost this partition's last checkpoints: "
