@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?= -v --durations=30
+# The suite's files on two workers, the long ones first (tests/conftest.py): most integration
+# tests wait on the services, not the CPU.
+PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: help venv services services-down test test-unit bench bench-scrape bench-freshness bench-soak bench-replicas bench-summary bench-debias-cost bench-alerts demo demo-full docs clean
 
@@ -39,7 +42,7 @@ services-down:
 # Starts the services unless they already answer, and stops only what it started.
 # The docs build first: it takes seconds and fails on a broken link before the suite's minutes.
 test: venv docs
-	@scripts/run-tests.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@scripts/run-tests.sh $(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)

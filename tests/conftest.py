@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +30,38 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if IN_CI:
     hypothesis_settings.load_profile("ci")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with a `long` test first, each file whole and in its order: `make test`
+    hands whole files to two workers in this order (pytest-xdist, --dist loadfile), and a
+    long file handed out last would keep one worker busy while the other has nothing left."""
+    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in long_files)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Each phase's waits (tests/integration/serving.py `wait_until`) go with its report,
+    which pytest-xdist carries from the workers to the summary below."""
+    outcome = yield
+    serving = sys.modules.get("serving")
+    if serving is not None and serving.WAITS:
+        waits = [(what, round(s, 1)) for what, s in serving.WAITS if s >= 1]
+        serving.WAITS.clear()
+        if waits:
+            outcome.get_result().user_properties.append(("waits", waits))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The longest waits of the suite: where its time goes beyond the CPU."""
+    waits = sorted(((s, what, report.nodeid) for reports in terminalreporter.stats.values() for report in reports
+                    for key, value in getattr(report, "user_properties", ()) if key == "waits"
+                    for what, s in value), reverse=True)
+    if waits:
+        terminalreporter.write_sep("=", f"longest waits (of {len(waits)} over 1 s, {sum(w[0] for w in waits):.0f} s)")
+        for s, what, nodeid in waits[:25]:
+            terminalreporter.write_line(f"{s:7.1f}s  {what}  ({nodeid})")
 
 
 class Services(NamedTuple):
@@ -86,12 +119,18 @@ def services() -> Iterator[Services]:
     cleanup: list = []
     found = _from_environment()
     problems = []
-    if found is None and _docker_answers():
+    # Parallel workers are sessions of their own: each would start the harness on the
+    # same ports, and the first to finish would stop it under the others.
+    parallel = found is None and bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    if parallel:
+        problems.append("parallel workers need the services started once: run through "
+                        "scripts/run-tests.sh (make test does)")
+    elif found is None and _docker_answers():
         try:
             found = _from_testcontainers(cleanup)
         except Exception as e:  # fall through to the harness
             problems.append(f"testcontainers: {e}")
-    if found is None:
+    if found is None and not parallel:
         try:
             found = _from_harness(cleanup)
         except Exception as e:

@@ -77,6 +77,7 @@ def test_simulated_events_are_valid_and_keyed_by_query():
     assert {"click", "add_to_cart", "purchase", None} <= actions
 
 
+@pytest.mark.long
 def test_demo_shows_a_regression_paged_within_minutes_and_nothing_before_it():
     # 240x: the regression starts 80 minutes of event time in (the baseline needs an hour),
     # after 20 s of wall time.

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 
 from test_prometheus_rules import PROMETHEUS, TEST_FILES, promtool  # noqa: F401 (the fixture)
@@ -320,6 +321,7 @@ def test_the_mutation_operators():
     assert sorted(dict(branch_deletions("f(0.5, (p or q))")).values()) == ["f(0.5, (p))", "f(0.5, (q))"]
 
 
+@pytest.mark.long
 def test_every_mutant_of_the_rules_fails_the_unit_tests(promtool, tmp_path):
     started = time.monotonic()
     rule_file = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())

@@ -162,10 +162,18 @@ def quality(metrics: dict, metric: str, ranker: str, window: str = "5m", average
     return metrics[("rankmeter_quality", labels)]
 
 
+# The running test's waits, (what, seconds): tests/conftest.py lists the suite's longest.
+WAITS: list[tuple[str, float]] = []
+
+
 def wait_until(condition: Callable[[], bool], seconds: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {seconds} s waiting for {what}")
+    start = time.monotonic()
+    deadline = start + seconds
+    try:
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {seconds} s waiting for {what}")
+    finally:
+        WAITS.append((what, time.monotonic() - start))

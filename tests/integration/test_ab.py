@@ -19,7 +19,7 @@ from scipy import special, stats
 
 from serving import Serve, produce, unique_topics, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 BASE, NEW = "base", "new"
 SEGMENTS = ("desktop", "mobile")

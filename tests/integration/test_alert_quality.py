@@ -12,7 +12,7 @@ import pytest
 
 from conftest import IN_CI
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import alert_quality as aq  # noqa: E402

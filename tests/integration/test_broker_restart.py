@@ -21,7 +21,7 @@ from serving import Serve, free_port, unique_topics, wait_until
 from test_faults import assert_exact, messages_of, produce_chunk, reference, split
 from test_restart import FAST_FAILOVER, aggregates, caught_up
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "services.sh")

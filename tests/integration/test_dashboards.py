@@ -19,7 +19,7 @@ import yaml
 from conftest import IN_CI
 from serving import RANKMETER, Serve, free_port, unique_topics, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a person would pick in the dashboards' variables; `$ranker` is "All".

@@ -27,7 +27,7 @@ from rankmeter.source import Record
 from serving import RANKMETER, Serve, free_port, produce, unique_topics, wait_until
 from test_restart import FAST_FAILOVER, aggregates, caught_up, stream, summed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 # ---- helpers ----

@@ -21,7 +21,7 @@ from serving import Serve, free_port, produce, unique_topics, wait_until
 from test_faults import assert_exact, counter, delete_prefix, messages_of, produce_chunk, reference, split
 from test_restart import FAST_FAILOVER, aggregates, caught_up
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 RESUME = {"RANKMETER_KAFKA_ON_OFFSETS_RESET": "resume"}
 

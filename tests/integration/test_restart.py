@@ -12,7 +12,7 @@ import pytest
 
 from serving import Serve, produce, unique_topics, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def stream(seed: int, queries: int, now: int):

@@ -18,7 +18,7 @@ from conftest import IN_CI, ROOT
 from serving import Serve, produce, unique_topics, wait_until
 from test_restart import FAST_FAILOVER, aggregates, caught_up, stream, summed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PARTITIONS = 12
 
