@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ NOW_S = 1_800_000_000.0
 NOW_MS = int(NOW_S * 1000)
 ENV = {"RANKMETER_AB_BASELINE": "base", "RANKMETER_AB_MIN_QUERIES": "20",
        "RANKMETER_AB_SPLIT": "base=0.5,new=0.5"}
+START_MS = NOW_MS - 600_000  # an_experiment's start
 
 
 def experiment_stream(seed: int, queries: int, start_ms: int):
@@ -48,6 +50,24 @@ def started(settings, store: MemoryStore, bus: Bus) -> Pipeline:
     return pipeline
 
 
+class Started(NamedTuple):
+    settings: config.Settings
+    events: list
+    truth: dict
+    store: MemoryStore
+    bus: Bus
+    pipeline: Pipeline
+
+
+def an_experiment(seed: int, queries: int, partitions: int, **env: str) -> Started:
+    """An experiment started 10 minutes ago, its stream (not yet sent) and a pipeline
+    holding every partition of a fresh bus and memory store."""
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS), **env})
+    events, truth = experiment_stream(seed, queries, START_MS)
+    store, bus = MemoryStore(), Bus(partitions=partitions)
+    return Started(settings, events, truth, store, bus, started(settings, store, bus))
+
+
 def feed(pipeline: Pipeline, bus: Bus, events, batch: int = 37) -> None:
     settings = pipeline.settings
     topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
@@ -58,11 +78,7 @@ def feed(pipeline: Pipeline, bus: Bus, events, batch: int = 37) -> None:
 
 
 def test_arm_sums_cover_every_impression_since_the_start_and_give_the_welch_estimate():
-    start = NOW_MS - 600_000
-    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
-    events, truth = experiment_stream(5, 400, start)
-    store, bus = MemoryStore(), Bus(partitions=3)
-    pipeline = started(settings, store, bus)
+    settings, events, truth, store, bus, pipeline = an_experiment(5, 400, partitions=3)
     feed(pipeline, bus, events)
     look = pipeline.ab_look()
 
@@ -70,7 +86,7 @@ def test_arm_sums_cover_every_impression_since_the_start_and_give_the_welch_esti
     p10 = parse("P@10")
     expected = {}
     for ranker in ("base", "new"):
-        qids = [q for q, (r, t, _, _) in truth.items() if r == ranker and t >= start]
+        qids = [q for q, (r, t, _, _) in truth.items() if r == ranker and t >= START_MS]
         states = [QueryState.from_grades(truth[q][2], {d: 1.0 for d in truth[q][3]}, shown_grade=0) for q in qids]
         values = p10.values(p10.compute(stack(states)))
         expected[ranker] = MeanSums(len(values), float(values.sum()), float((values ** 2).sum()))
@@ -107,22 +123,14 @@ def test_arm_sums_survive_a_restart_and_moving_batches():
 
 
 def test_no_statistic_before_each_arm_has_min_queries():
-    start = NOW_MS - 600_000
-    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "1000"})
-    events, _ = experiment_stream(2, 200, start)
-    store, bus = MemoryStore(), Bus(partitions=1)
-    pipeline = started(settings, store, bus)
+    _, events, _, store, bus, pipeline = an_experiment(2, 200, partitions=1, RANKMETER_AB_MIN_QUERIES="1000")
     feed(pipeline, bus, events)
     look = pipeline.ab_look()
     assert look.comparisons == [] and look.srm == {} and {a.ranker for a in look.arms} == {"base", "new"}
 
 
 def test_only_partition_0s_holder_keeps_the_experiments_result():
-    start = NOW_MS - 600_000
-    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
-    events, _ = experiment_stream(2, 200, start)
-    store, bus = MemoryStore(), Bus(partitions=2)
-    pipeline = started(settings, store, bus)
+    settings, events, _, store, bus, pipeline = an_experiment(2, 200, partitions=2)
     feed(pipeline, bus, events)
     assert pipeline.ab_look() is not None and pipeline.ab_result is not None
     pipeline.revoke([1])

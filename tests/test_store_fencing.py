@@ -5,10 +5,8 @@ tests/integration/test_redis_store.py."""
 
 from __future__ import annotations
 
-from test_ab_pipeline import ENV, NOW_MS, experiment_stream, feed, started
+from test_ab_pipeline import an_experiment, feed, started
 
-from rankmeter import config
-from rankmeter.source import Bus
 from rankmeter.store import MemoryStore, PartitionCheckpoint
 
 
@@ -41,11 +39,7 @@ def test_a_stale_holder_of_partition_0_cannot_write_the_running_statistics():
 
 
 def test_a_stale_pipelines_look_leaves_the_new_holders_statistics_alone():
-    start = NOW_MS - 600_000
-    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(start)})
-    events, _ = experiment_stream(5, 300, start)
-    store, bus = MemoryStore(), Bus(partitions=2)
-    stale = started(settings, store, bus)
+    settings, events, _, store, bus, stale = an_experiment(5, 300, partitions=2)
     feed(stale, bus, events)
     newer = started(settings, store, bus)   # claims every partition again: `stale` stalled meanwhile
     assert newer.ab_look() is not None

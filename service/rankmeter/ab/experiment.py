@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.stats import (DEFAULT_TAU2, INTERLEAVING_TAU2, Estimate, Running, mean_difference, msprt,
-                                preference, ratio_difference, srm_p_value, update)
+from rankmeter.ab.stats import (DEFAULT_TAU2, INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference,
+                                msprt, preference, ratio_difference, srm_p_value, update)
 from rankmeter.config import AB
 from rankmeter.windows import Layout
 
@@ -124,7 +124,22 @@ def _encode(r: Running) -> str:
 
 
 def _decode(text: str | None) -> Running:
-    if not text:
+    if not text or not readable(text):
         return Running()
     p, lo, hi = (float(x) for x in text.split())
     return Running(p, lo, hi)
+
+
+def readable(text: str) -> bool:
+    """Whether a stored running value is three numbers (else: skipped, as none)."""
+    try:
+        p, lo, hi = (float(x) for x in text.split())
+    except ValueError:
+        return False
+    return not any(math.isnan(x) for x in (p, lo, hi))
+
+
+def tighter(a: str | None, b: str | None) -> str:
+    """Two records of the same running statistics combined as one more look would: the
+    smaller p, the narrower sequence. Whatever each holds, the result never loosens either."""
+    return _encode(update(_decode(a), Sequential(*_decode(b))))

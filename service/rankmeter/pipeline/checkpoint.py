@@ -10,7 +10,8 @@
        the store applies each whole or refuses it (store.py, PartitionCheckpoint). If the
        store fails midway, nobody can tell which were stored: each partition's batch is
        unsure (its mark and counts kept in the `Ledger`) and the failure is raised.
-    3. Confirm (`confirm`): the batch's events are counted for the partitions applied;
+    3. Confirm (`confirm`): the batch's events are counted for the partitions applied, and
+       the offset resets they resumed past (pipeline/offsets.py);
        the refused ones are fenced (another replica claimed them), lost (their state is
        gone) or rewound (the store lost their last checkpoints: claimed again from what
        it holds, `Ledger.rewound`), and dropped.
@@ -35,7 +36,7 @@ from typing import NamedTuple
 
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Batch, Outcomes
-from rankmeter.pipeline.state import PartitionState
+from rankmeter.pipeline.state import PartitionState, Reset
 from rankmeter.source import Source
 from rankmeter.store import FENCED, LOST, PartitionCheckpoint, Store
 from rankmeter.windows import MINUTE_MS
@@ -46,6 +47,7 @@ log = logging.getLogger("rankmeter.pipeline")
 class Unsure(NamedTuple):
     mark: str          # the checkpoint's mark (PartitionCheckpoint.meta["mark"])
     counts: Outcomes   # its batch's events, counted if it was stored after all
+    resets: list[Reset]  # and the offset resets it resumed past
 
 
 class Ledger:
@@ -79,6 +81,13 @@ class Ledger:
             for c in counts:
                 self.events.update(c)
 
+    def resumed(self, partition: int, resets: Iterable[Reset]) -> None:
+        """Offset resets a stored checkpoint resumed past: counted once, when stored."""
+        with self.lock:
+            for r in resets:
+                self.offsets_reset[(r.topic, partition, r.cause)] += 1
+                self.offsets_skipped[(r.topic, partition)] += r.skipped
+
     def claimed(self, partition: int, mark: str) -> None:
         """Step 4: the partition is ours again; its unsure batch counts if it was stored."""
         self.lost.discard(partition)
@@ -88,6 +97,7 @@ class Ledger:
         unsure = self.unsure.pop(partition, None)
         if unsure is not None and unsure.mark == mark:
             self.count([unsure.counts])
+            self.resumed(partition, unsure.resets)
 
     def forget(self, partition: int) -> None:
         self.unsure.pop(partition, None)
@@ -128,7 +138,8 @@ class Checkpoint:
     stored would count it twice, or make the next owner find its partition lost)."""
 
     def __init__(self, ledger: Ledger, payloads: list[PartitionCheckpoint], counts: dict[int, Outcomes],
-                 advanced: dict[int, dict[str, int]], settled: Callable[[list[int]], None]) -> None:
+                 advanced: dict[int, dict[str, int]], settled: Callable[[list[int]], None],
+                 resets: dict[int, list[Reset]] | None = None) -> None:
         # What the steps need of the batch, and no more: the batch's events and records
         # are not kept alive while the next batch is read.
         self.ledger = ledger
@@ -136,6 +147,7 @@ class Checkpoint:
         self.partitions = [c.partition for c in payloads]
         self.counts = counts      # partition -> the batch's event outcomes
         self.advanced = advanced  # partition -> topic -> the next offset read
+        self.resets = resets or {}  # partition -> the offset resets its checkpoint resumed past
         self.settled = settled    # the pipeline's, at confirm: drop the refused partitions, trim the cache
         self.refused: dict[int, str] = {}
         self.step = "built"
@@ -151,6 +163,7 @@ class Checkpoint:
             records.setdefault(k.partition, {})[k.query_id] = writing.encode(r)
             deadlines.setdefault(k.partition, {})[k.query_id] = writing.deadline(r)
         payloads = []
+        resets: dict[int, list[Reset]] = {}
         pending = {p for p, ps in held.items()
                    if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
         for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending:
@@ -186,6 +199,8 @@ class Checkpoint:
             meta_deleted, ps.meta_deleted = ps.meta_deleted, []
             ps.checkpoints += 1
             ps.offsets_moved = False
+            if ps.resets:
+                resets[p], ps.resets = ps.resets, []
             # The next checkpoint expects this one's mark: set now, not at confirm (a refused or
             # unsure one drops the partition, which is claimed again from the store).
             expect, ps.mark = ps.mark, f"{ps.epoch}:{ps.checkpoints}"
@@ -195,7 +210,7 @@ class Checkpoint:
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
                 meta_deleted=meta_deleted, expect=expect))
-        return cls(ledger, payloads, batch.counts, batch.advanced, settled)
+        return cls(ledger, payloads, batch.counts, batch.advanced, settled, resets)
 
     def _at(self, step: str, then: str) -> None:
         if self.step != step:
@@ -210,7 +225,8 @@ class Checkpoint:
             self.refused = store.commit(self.payloads)
         except store.unavailable:
             for c in self.payloads:
-                self.ledger.unsure[c.partition] = Unsure(c.meta["mark"], self.counts.get(c.partition, Counter()))
+                self.ledger.unsure[c.partition] = Unsure(c.meta["mark"], self.counts.get(c.partition, Counter()),
+                                                         self.resets.get(c.partition, []))
             raise
         finally:
             self.payloads = []  # sent or unsure: the bytes are not needed again
@@ -220,6 +236,8 @@ class Checkpoint:
         self._at("sent", "confirmed")
         applied = [p for p in self.partitions if p not in self.refused]
         self.ledger.count(self.counts[p] for p in applied if p in self.counts)
+        for p in applied:
+            self.ledger.resumed(p, self.resets.get(p, ()))
         self.ledger.rebuilding.difference_update(applied)
         self.ledger.refused(self.refused)
         self.settled(list(self.refused))

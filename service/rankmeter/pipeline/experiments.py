@@ -11,7 +11,7 @@ import numpy as np
 
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.experiment import Look, Preference, interleaving_look
+from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.config import Settings, time_ms
 from rankmeter.join import QueryRecord
@@ -185,7 +185,7 @@ class Experiments:
         # Partition 0's holder keeps the running statistics, fenced by its claim: a stale
         # holder's look (read before a newer one's) must not move them back.
         owner = self.held[0].epoch if 0 in self.held else None
-        if save and owner is not None and self._save_running(state, kept, owner):
+        if save and owner is not None and self._save_running(state, {**running, **kept}, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
                 self._last_history_ms = now_ms
@@ -205,25 +205,32 @@ class Experiments:
         running = self._running("interleaving")
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
         if save and 0 in self.held:
-            self._save_running("interleaving", kept, self.held[0].epoch)
+            self._save_running("interleaving", {**running, **kept}, self.held[0].epoch)
 
     def _running(self, key: str) -> dict[str, str]:
-        """The stored running statistics; what this process saved last where the store lost
-        it (a restore, a failover): counted, logged, and carried on from memory."""
+        """The stored running statistics, tightened by what this process saved last where
+        the store holds less (it lost writes: a restore, a failover): counted, logged. Each
+        comparison's as the tighter of both (ab/experiment.py `tighter`), never loosened: a
+        process whose memory is older than the store (another holder wrote since) changes
+        nothing. The result is saved back whole, comparisons this look did not compute
+        (too few queries in an arm after a rewind) included, for the next holder."""
         stored = self.store.load_running(key)
-        saved = self._saved.get(key)
-        if saved is not None and any(stored.get(k) != v for k, v in saved.items()):
+        for field in [f for f, text in stored.items() if not readable(text)]:
+            self.unreadable.skip("experiment", f"ab:running:{key}", field, "not three numbers")
+            del stored[field]
+        saved = self._saved.get(key, {})
+        merged = {**stored, **{field: tighter(stored.get(field), text) for field, text in saved.items()}}
+        if any(merged[field] != stored.get(field) for field in saved):
             self.running_lost += 1
             log.error("the state store lost the experiment's last running statistics: going on from "
                       "what this process saved", extra={"experiment": key})
-            return {**stored, **saved}
-        return stored
+        return merged
 
-    def _save_running(self, key: str, kept: Mapping[str, str], owner: int) -> bool:
+    def _save_running(self, key: str, running: Mapping[str, str], owner: int) -> bool:
         """Saved unless a newer holder of partition 0 has claimed it (then False)."""
-        if not self.store.save_running(key, kept, owner):
+        if not self.store.save_running(key, running, owner):
             return False
-        self._saved[key] = {**self._saved.get(key, {}), **kept}
+        self._saved[key] = dict(running)
         return True
 
     def _unreadable(self, p: int, field: str, data: bytes) -> bool:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from rankmeter.pipeline.checkpoint import Ledger
-from rankmeter.pipeline.state import PartitionState
+from rankmeter.pipeline.state import PartitionState, Reset
 
 log = logging.getLogger("rankmeter.pipeline")
 
@@ -36,12 +36,14 @@ class OffsetChecks:
         self.policy = policy   # kafka.on_offsets_reset: refuse | resume
         self.query = query     # the source's log bounds (None: a source without, e.g. a replayed file)
 
-    def found(self, topic: str, p: int, cause: str, stored: int, start: int, end: int) -> int | None:
-        """Count and log a reset; returns the offset to resume from, or None: refused."""
-        self.ledger.offsets_reset[(topic, p, cause)] += 1
+    def found(self, topic: str, p: int, cause: str, stored: int, start: int, end: int,
+              resets: list[Reset]) -> int | None:
+        """Log a reset; returns the offset to resume from (the reset added to `resets`, the
+        partition's, counted when its checkpoint is stored), or None: refused (counted now)."""
         extra = {"topic": topic, "partition": p, "cause": cause, "stored_offset": stored,
                  "log_start": start, "log_end": end}
         if self.policy != "resume":
+            self.ledger.offsets_reset[(topic, p, cause)] += 1
             log.error("Kafka's log no longer holds this partition's stored offset (the topic was "
                       "recreated, or records were deleted before they were read): not consuming it; "
                       "set kafka.on_offsets_reset: resume to go on from the new log", extra=extra)
@@ -49,17 +51,17 @@ class OffsetChecks:
                                       f"log now {start}..{end})")
             return None
         skipped = start - stored if cause == TRUNCATED else 0
-        self.ledger.offsets_skipped[(topic, p)] += skipped
+        resets.append(Reset(topic, cause, skipped))
         log.error("Kafka's log no longer holds this partition's stored offset: resuming from the new "
                   "log's start; the records in between are not counted", extra={**extra, "skipped": skipped})
         return start
 
-    def at_claim(self, p: int, offsets: dict[str, int], bounds: Bounds) -> bool:
+    def at_claim(self, p: int, offsets: dict[str, int], bounds: Bounds, resets: list[Reset]) -> bool:
         """Moves `offsets` (a claimed partition's stored ones) to the new log where it was
-        reset; False when the partition is refused for it."""
+        reset (adding to `resets`); False when the partition is refused for it."""
         for topic, stored in list(offsets.items()):
             if (topic, p) in bounds and (cause := moved(stored, *bounds[(topic, p)])):
-                start = self.found(topic, p, cause, stored, *bounds[(topic, p)])
+                start = self.found(topic, p, cause, stored, *bounds[(topic, p)], resets)
                 if start is None:
                     return False
                 offsets[topic] = start
@@ -80,7 +82,7 @@ class OffsetChecks:
             return None
         if bounds is None or (cause := moved(expected, *bounds)) is None:
             return expected
-        start = self.found(topic, p, cause, expected, *bounds)
+        start = self.found(topic, p, cause, expected, *bounds, ps.resets)
         if start is not None:
             ps.offsets[topic] = start
             ps.offsets_moved = True  # checkpointed even if nothing else changes

@@ -15,7 +15,7 @@ from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.experiments import ab_problem
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.offsets import Bounds, OffsetChecks
-from rankmeter.pipeline.state import PAIRS, PartitionState
+from rankmeter.pipeline.state import PAIRS, PartitionState, Reset
 from rankmeter.store import FENCED, Store
 from rankmeter.unreadable import Unreadable
 from rankmeter.windows import BucketKey, Layout
@@ -68,9 +68,10 @@ class Claims:
             rewound = p in self.ledger.rewound
             self.ledger.rewound.discard(p)
             gone = not offsets and any(committed.get((t, p), 0) > 0 for t in self.topics)
+            resets: list[Reset] = []
             if offsets and self._lost_writes(p, offsets, committed, bounds, rewound):
                 gone = True
-            elif offsets and not self.checks.at_claim(p, offsets, bounds):
+            elif offsets and not self.checks.at_claim(p, offsets, bounds, resets):
                 continue
             if gone and not (rebuild or p in self.ledger.rebuilding):
                 log.error("the state store has no state for a partition that Kafka has consumed: "
@@ -95,6 +96,7 @@ class Claims:
             state.lists = dict(snapshot.lists)
             state.mark = snapshot.mark
             state.offsets_moved = bool(stored) and offsets != stored  # reset to a new log: stored at once
+            state.resets = resets
             state.shown_wall_ms = self.wall() * 1000
             state.history = list(snapshot.history) or ([snapshot.layout] if snapshot.layout else [])
             current = self.layouts.current

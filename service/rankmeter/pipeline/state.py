@@ -3,6 +3,8 @@ and what the partition's checkpoint writes back."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from rankmeter.engine import QueryState
@@ -12,6 +14,13 @@ from rankmeter.windows import BucketKey
 # A partition's harvested pair sums (debias/), with its A/B sums; three parts, as an
 # experiment's fields, so that a version without debias skips it (a rollback is safe).
 PAIRS = "propensity\x1f\x1fpairs"
+
+
+class Reset(NamedTuple):
+    """A stored offset Kafka's log no longer held, resumed past (pipeline/offsets.py)."""
+    topic: str
+    cause: str     # recreated | truncated
+    skipped: int   # offsets between the stored one and the new log's start
 
 
 class PartitionState:
@@ -42,6 +51,9 @@ class PartitionState:
         # refuses a checkpoint unless it still holds it (store.REWOUND: it lost writes).
         self.mark = ""
         self.offsets_moved = False  # offsets reset to a new log (pipeline/offsets.py): checkpoint them
+        # The resets resumed past, counted once the checkpoint with the new offsets is stored:
+        # a claim lost to a rebalance before it finds them again (counted once, not twice).
+        self.resets: list[Reset] = []
         self.meta_deleted: list[str] = []  # metadata fields the next checkpoint deletes
         # Position bias (debias/): the pair sums this partition's queries have added to the
         # harvest (stored with the A/B sums: PAIRS), and the queries waiting for their clicks
