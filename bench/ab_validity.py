@@ -2,8 +2,18 @@
 
     .venv/bin/python bench/ab_validity.py [--experiments 2000] [--queries 20000] [--batch 100]
         [--power-experiments 1000] [--power-queries 60000] [--regression -0.02] [--seed 20261201]
+    .venv/bin/python bench/ab_validity.py --matrix [--metric all] [--split 0.5,0.9,0.99] [--unit query]
+        [--experiments 2000] [--seed 20261201]
 
-About 30 s on one core with the defaults.
+About 30 s on one core with the defaults; the matrix about 5 s a cell.
+
+`--matrix`: the A/A rate where the statistics' assumptions break (issue 20), one line a
+cell, `… aa_rate=… ci=[…, …]` (Clopper–Pearson 95%): the baseline's share of the split
+(0.5, 0.9, 0.99: the treatment arm small) against the measure, nDCG@10-like (`ndcg`),
+a Bernoulli event of 1% (`bernoulli`, a conversion), a micro CTR of 0.2% a result over 10
+results (`ctr`, a ratio, delta method) and a heavy-tailed rank defined on 60% of the
+queries (`fcr`, FirstClickRank-like: P(r) ∝ r^-1.3 on 1..100). Per-query assignment only
+(`--unit user` is not built yet).
 
 Pure simulation (no services): per-query values resembling nDCG@10 (35% zeros, 10% ones,
 the rest Beta(2, 2); mean 0.375, sd 0.352), each query assigned to an arm at random,
@@ -39,9 +49,11 @@ from rankmeter.ab import (
     DEFAULT_MIN_QUERIES,
     DEFAULT_TAU2,
     MeanSums,
+    RatioSums,
     Running,
     mean_difference,
     msprt,
+    ratio_difference,
     srm_p_value,
     srm_update,
     update,
@@ -167,6 +179,85 @@ def power(args, rng, taus):
     return n_fixed, math.sqrt(var_b), math.sqrt(var_t), first, wrong_sign, fixed_power_hits
 
 
+# ---- the matrix: splits and measures where the assumptions break ----
+
+METRICS = ("ndcg", "bernoulli", "ctr", "fcr")
+SPLITS = (0.5, 0.9, 0.99)   # the baseline's share; the treatment arm has the rest
+BERNOULLI_P, CTR_P, CTR_RESULTS, FCR_CLICKED = 0.01, 0.002, 10, 0.6
+
+
+def cell_values(metric: str, rng: np.random.Generator, size) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-query values (nan where the measure is undefined: left out) and, for a micro
+    (ratio) measure, the denominators."""
+    if metric == "ndcg":
+        return ndcg_like(rng, size), None
+    if metric == "bernoulli":
+        return (rng.random(size) < BERNOULLI_P).astype(float), None
+    if metric == "ctr":
+        return rng.binomial(CTR_RESULTS, CTR_P, size).astype(float), np.full(size, float(CTR_RESULTS))
+    if metric == "fcr":
+        ranks = np.arange(1, 101)
+        weights = ranks ** -1.3
+        rank = rng.choice(ranks, size=size, p=weights / weights.sum()).astype(float)
+        return np.where(rng.random(size) < FCR_CLICKED, rank, np.nan), None
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int, treated: float):
+    """Per arm (treatment, baseline), RatioSums' columns (n, Σy, Σz, Σy², Σz², Σyz)
+    cumulated at every look: arrays (chunk, looks)."""
+    y, z = cell_values(metric, rng, (chunk, looks, batch))
+    arm = rng.random((chunk, looks, batch)) < treated
+    counted = ~np.isnan(y)
+    y = np.where(counted, y, 0.0)
+    z = np.ones_like(y) if z is None else z
+    out = []
+    for mask in (arm & counted, ~arm & counted):
+        columns = (mask.astype(float), y * mask, z * mask, y * y * mask, z * z * mask, y * z * mask)
+        out.append(tuple(np.cumsum(c.sum(2), axis=1) for c in columns))
+    return out
+
+
+def aa_cell(metric: str, split: float, experiments: int, queries: int, batch: int,
+            rng: np.random.Generator) -> int:
+    """How many of `experiments` A/A experiments are ever 'significant' (the running
+    always-valid p below α at some look), each looked at after every `batch` queries."""
+    looks = queries // batch
+    hits = done = 0
+    while done < experiments:
+        chunk = min(50, experiments - done)
+        t, b = cell_sums(metric, rng, chunk, looks, batch, 1.0 - split)
+        for e in range(chunk):
+            running = Running()
+            for j in range(looks):
+                if min(t[0][e, j], b[0][e, j]) < DEFAULT_MIN_QUERIES:
+                    continue
+                arms = [RatioSums(*(c[e, j] for c in arm)) for arm in (t, b)]
+                if metric == "ctr":
+                    est = ratio_difference(*arms)
+                else:
+                    est = mean_difference(*(MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms))
+                running = update(running, msprt(est, DEFAULT_TAU2, ALPHA))
+            hits += running.p_value < ALPHA
+        done += chunk
+    return hits
+
+
+def matrix(args) -> None:
+    if args.unit != "query":
+        raise SystemExit("--unit user: per-user assignment is not built yet (issue 20)")
+    metrics = METRICS if args.metric == "all" else tuple(args.metric.split(","))
+    splits = tuple(float(s) for s in args.split.split(","))
+    for metric in metrics:
+        for split in splits:
+            rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
+            k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
+            ci = stats.binomtest(k, args.experiments).proportion_ci(confidence_level=0.95, method="exact")
+            share = f"{split * 100:g}/{(1 - split) * 100:g}"
+            print(f"unit={args.unit} split={share} metric={metric} experiments={args.experiments} "
+                  f"aa_rate={k / args.experiments:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiments", type=int, default=2000)
@@ -176,7 +267,14 @@ def main() -> None:
     ap.add_argument("--power-queries", type=int, default=60000)
     ap.add_argument("--regression", type=float, default=REGRESSION, help="δ in the mean, < 0")
     ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--matrix", action="store_true", help="the A/A matrix of splits and measures only")
+    ap.add_argument("--metric", default="all", help=f"of the matrix: all, or some of {','.join(METRICS)}")
+    ap.add_argument("--split", default=",".join(map(str, SPLITS)), help="of the matrix: the baseline's shares")
+    ap.add_argument("--unit", default="query", choices=("query", "user"))
     args = ap.parse_args()
+    if args.matrix:
+        matrix(args)
+        return
     if not -MEAN < args.regression < 0:
         ap.error(f"--regression must be in ({-MEAN}, 0)")
     rng = np.random.default_rng(args.seed)

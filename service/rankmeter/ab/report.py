@@ -2,10 +2,15 @@
 page with plots (delta with its confidence sequence, p-value and arm sizes over time).
 
 The verdict per comparison: `invalid: SRM` while the sample-ratio test rejects the
-configured split (the arms are not what was planned: nothing else can be trusted),
-else `better` or `worse` once the always-valid p-value is below alpha (in the
-measure's direction: lower is better for Abandonment and FirstClickRank), else
-`inconclusive`.
+configured split (the arms are not what was planned: nothing else can be trusted);
+`better` or `worse` once the running confidence sequence lies on one side of 0, by
+that side (in the measure's direction: lower is better for Abandonment and
+FirstClickRank) — never by the current delta, which can cross 0 while the running
+sequence, an intersection over every look, stays where the evidence put it; `invalid:
+empty confidence sequence` when the intersection is empty (the effect moved during the
+experiment, or the model does not hold); else `inconclusive`. The sequence excludes 0
+exactly when the running p-value is below alpha (each look's sequence excludes 0 when
+its p does).
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ LOWER_IS_BETTER = frozenset({"Abandonment", "FirstClickRank"})
 def verdict(c: Comparison, look: Look, alpha: float) -> str:
     if look.srm.get(c.segment, 1.0) < alpha:
         return "invalid: SRM"
-    if c.running.p_value >= alpha or not math.isfinite(c.estimate.delta):
+    lower, upper = c.running.ci_lower, c.running.ci_upper
+    if lower > upper:
+        return "invalid: empty confidence sequence"
+    if lower <= 0.0 <= upper or math.isnan(lower) or math.isnan(upper):
         return "inconclusive"
-    improved = (c.estimate.delta < 0) if c.metric in LOWER_IS_BETTER else (c.estimate.delta > 0)
-    return "better" if improved else "worse"
+    increased = lower > 0.0
+    return "better" if increased != (c.metric in LOWER_IS_BETTER) else "worse"
 
 
 def table(look: Look, alpha: float, average: str = "macro") -> str:

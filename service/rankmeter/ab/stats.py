@@ -12,6 +12,13 @@ Conventions, documented once:
 * ``delta`` is always treatment − baseline.
 * An arm with fewer than 2 queries (or a ratio arm whose Σz is 0) has no sample
   variance: the estimate is all ``nan``.
+* The variance of a difference is never below the one under the null hypothesis (both
+  arms one population, the pooled variance of the two-proportion z-test): with a small
+  arm, or a rare event, an arm's own sample variance is often 0 or near it (no click
+  yet among its first hundred queries), and Welch's variance alone then gave A/A tests
+  a false-alarm rate of 14–37% (Bernoulli 1%, micro CTR 0.2% a result, 90/10 and 99/1
+  splits; bench/ab_validity.py). Under the alternative the larger of the two keeps the
+  confidence sequence valid, only wider.
 * A variance of exactly 0 (e.g. every query 0 in both arms) carries no information:
   :func:`msprt` then returns ``p = 1`` and the confidence sequence (−∞, +∞), so the
   running values are unchanged.  ``nan`` input is treated the same way.
@@ -142,11 +149,13 @@ def _sample_variance(n: float, s: float, s2: float) -> float:
 
 
 def mean_difference(treatment: MeanSums, baseline: MeanSums) -> Estimate:
-    """Difference of means with Welch's (unpooled) variance.
+    """Difference of means; its variance the larger of Welch's and the pooled one.
 
-    delta = x̄_T − x̄_B, relative = delta / x̄_B,
-    V = s²_T/n_T + s²_B/n_B with s² = (Σx² − (Σx)²/n)/(n − 1) (Welch 1947; the same
-    standard error as ``scipy.stats.ttest_ind(equal_var=False)``).
+    delta = x̄_T − x̄_B, relative = delta / x̄_B, V = max(V_Welch, V_pooled) with
+    V_Welch = s²_T/n_T + s²_B/n_B (Welch 1947; the standard error of
+    ``scipy.stats.ttest_ind(equal_var=False)``), V_pooled = s²·(1/n_T + 1/n_B), s² of
+    both arms taken as one sample (the null's: the module's conventions), and
+    s² = (Σx² − (Σx)²/n)/(n − 1).
 
     Either arm with n < 2: all nan.  V may be 0 (constant data); see :func:`msprt`.
     """
@@ -156,8 +165,9 @@ def mean_difference(treatment: MeanSums, baseline: MeanSums) -> Estimate:
     mean_t = t.sum_x / t.n
     mean_b = b.sum_x / b.n
     delta = mean_t - mean_b
-    var = _sample_variance(t.n, t.sum_x, t.sum_x2) / t.n + _sample_variance(b.n, b.sum_x, b.sum_x2) / b.n
-    return Estimate(delta, _relative(delta, mean_b), var)
+    welch = _sample_variance(t.n, t.sum_x, t.sum_x2) / t.n + _sample_variance(b.n, b.sum_x, b.sum_x2) / b.n
+    pooled = _sample_variance(t.n + b.n, t.sum_x + b.sum_x, t.sum_x2 + b.sum_x2) * (1.0 / t.n + 1.0 / b.n)
+    return Estimate(delta, _relative(delta, mean_b), max(welch, pooled))
 
 
 #: Mixture variance for the interleaving preference, a mean of per-query scores in
@@ -181,7 +191,7 @@ def preference(wins_a: float, wins_b: float, ties: float) -> Estimate:
 
 
 def _ratio_and_variance(a: RatioSums) -> tuple[float, float]:
-    """R = Σy/Σz and its delta-method variance.
+    """R = Σy/Σz and its delta-method variance (of R over a.n units).
 
     Var(R) ≈ (s²_y − 2R·s_yz + R²·s²_z) / (n·z̄²), with sample (co)variances
     (n − 1 divisor) and z̄ = Σz/n: the first-order Taylor expansion of ȳ/z̄
@@ -200,8 +210,10 @@ def _ratio_and_variance(a: RatioSums) -> tuple[float, float]:
 def ratio_difference(treatment: RatioSums, baseline: RatioSums) -> Estimate:
     """Difference of ratio (micro) measures R = Σy/Σz, delta-method variance.
 
-    delta = R_T − R_B, relative = delta / R_B, V = Var(R_T) + Var(R_B) with
-    Var(R) ≈ (s²_y − 2R·s_yz + R²·s²_z) / (n·z̄²) per arm (independent arms).
+    delta = R_T − R_B, relative = delta / R_B, V = max(Var(R_T) + Var(R_B), V_pooled)
+    with Var(R) ≈ (s²_y − 2R·s_yz + R²·s²_z) / (n·z̄²) per arm (independent arms) and
+    V_pooled = n·Var(R_pooled)·(1/n_T + 1/n_B), the per-unit variance of both arms taken
+    as one sample (the null's: the module's conventions).
 
     Either arm with n < 2 or Σz = 0: all nan.
     """
@@ -210,8 +222,10 @@ def ratio_difference(treatment: RatioSums, baseline: RatioSums) -> Estimate:
         return _NAN_ESTIMATE
     r_t, v_t = _ratio_and_variance(t)
     r_b, v_b = _ratio_and_variance(b)
+    both = RatioSums(*(x + y for x, y in zip(t, b)))
+    pooled = both.n * _ratio_and_variance(both)[1] * (1.0 / t.n + 1.0 / b.n)
     delta = r_t - r_b
-    return Estimate(delta, _relative(delta, r_b), v_t + v_b)
+    return Estimate(delta, _relative(delta, r_b), max(v_t + v_b, pooled))
 
 
 def _log_lambda(theta: float, v: float, tau2: float) -> float:
