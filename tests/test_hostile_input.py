@@ -193,7 +193,8 @@ def test_unreadable_stored_fields_are_counted_logged_once_and_skipped_by_claim_l
     restarted, _, feed_again = one_partition(ab, store=store, bus=feed.bus)
     assert {(v.ranker, v.window): v.sums for v in restarted.views()} == before
     assert restarted.unreadable.counts == {"bucket": 4, "experiment": 1, "interleaving": 3,
-                                           "layout": 2, "history": 0}
+                                           "layout": 2, "history": 0, "offsets": 0, "watermark": 0, "epoch": 0,
+                                           "list": 0}
     restarted.ab_look()
     restarted.ab_look()  # the look reads every partition's stored sums: skipped each time ...
     assert restarted.unreadable.counts["interleaving"] == 3 * 3 and restarted.unreadable.counts["experiment"] == 3
@@ -267,3 +268,21 @@ def test_stored_sums_are_not_changed_by_a_skip():
     assert {f: d for f, d in store.buckets[0].items() if f in kept and f.count("\x1f") != 2} == \
         {f: d for f, d in kept.items() if f.count("\x1f") != 2}
     assert np.frombuffer(store.buckets[0][next(f for f in kept if f.startswith("bm25"))]).sum() > 0
+
+
+def test_numbers_a_claim_could_not_read_are_counted_and_an_unreadable_offset_makes_the_partition_lost():
+    """The Redis store reports stored numbers that are not integers with the snapshot
+    (tests/integration/test_redis_store.py); the claim counts them, and a partition whose
+    offsets could not be used is one without stored state: lost, since Kafka has consumed it."""
+    class UnreadableOffsets(MemoryStore):
+        def claim(self, partition):
+            return super().claim(partition)._replace(
+                offsets={}, unreadable=(("offsets", IMPRESSIONS, "not an integer"), ("watermark", FEEDBACK, "no")))
+    _, store, feed = one_partition(SETTINGS)
+    feed([(IMPRESSIONS, native_impression(query_id="q1"))])
+    bad = UnreadableOffsets()
+    bad.__dict__.update(store.__dict__)
+    restarted = Pipeline(SETTINGS, bad, lambda r, why: None, lambda: NOW_S)
+    restarted.assign([0], {(IMPRESSIONS, 0): 1})   # Kafka's commit: the partition was consumed
+    assert restarted.unreadable.counts["offsets"] == 1 and restarted.unreadable.counts["watermark"] == 1
+    assert restarted.lost == {0}

@@ -25,13 +25,14 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, meta_state
+from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, numbers
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -165,7 +166,7 @@ class RedisStore:
     def load(self, partition: int) -> PartitionSnapshot:
         return self._snapshot(partition, claim=False)
 
-    def _snapshot(self, partition: int, claim: bool) -> PartitionSnapshot:
+    def _snapshot(self, partition: int, claim: bool, repaired: bool = False) -> PartitionSnapshot:
         # One transaction: a new epoch and the state it owns are one snapshot.
         with self.client.pipeline(transaction=True) as pipe:
             if claim:
@@ -174,13 +175,35 @@ class RedisStore:
             pipe.hgetall(self._key(partition, "meta"))
             pipe.hgetall(self._key(partition, "buckets"))
             pipe.hgetall(self._key(partition, "ab"))
-            *_, offsets, meta, buckets, ab = pipe.execute()
-        meta = {k.decode(): v.decode() for k, v in meta.items()}
+            *claimed, offsets, meta, buckets, ab = pipe.execute(raise_on_error=False)
+        if claimed and isinstance(claimed[0], redis.ResponseError):
+            # The stored epoch is not an integer: a new one no owner can hold (a time in ms,
+            # far above any count of claims) fences every earlier owner; claimed from it.
+            if repaired or "not an integer" not in str(claimed[0]):
+                raise claimed[0]
+            self.client.hset(self._key(partition, "meta"), "epoch", int(time.time() * 1000))
+            snapshot = self._snapshot(partition, claim, repaired=True)
+            return snapshot._replace(unreadable=(("epoch", "epoch", "not an integer"), *snapshot.unreadable))
+        for result in (offsets, meta, buckets, ab):
+            if isinstance(result, Exception):
+                raise result
+        meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in meta.items()}
+        unreadable = []
+        # An offset that cannot be read: none is trusted (resuming one topic from 0 would
+        # count its events twice); the partition has no stored state, and Kafka's commit
+        # says it is lost (`serve --rebuild` rebuilds it).
+        stored, bad = numbers({k.decode(errors="replace"): v.decode(errors="replace") for k, v in offsets.items()})
+        unreadable += [("offsets", topic, "not an integer: no offset of the partition used") for topic in bad]
+        watermarks, bad = numbers({k[len("watermark:"):]: v for k, v in meta.items() if k.startswith("watermark:")})
+        unreadable += [("watermark", topic, "not an integer") for topic in bad]
+        lists, bad = numbers({k[len("list:"):]: v for k, v in meta.items() if k.startswith("list:")})
+        unreadable += [("list", query, "not an integer") for query in bad]
+        epoch = numbers({"epoch": meta.get("epoch", "0")})[0].get("epoch", 0)  # read-only load
         return PartitionSnapshot(
-            int(meta.get("epoch", 0)), {k.decode(): int(v) for k, v in offsets.items()},
-            {k[len("watermark:"):]: int(v) for k, v in meta.items() if k.startswith("watermark:")},
-            meta.get("layout", ""), {k.decode(): v for k, v in buckets.items()},
-            {k.decode(): v for k, v in ab.items()}, *layout_history(meta), *meta_state(meta))
+            epoch, {} if len(stored) < len(offsets) else stored, watermarks,
+            meta.get("layout", ""), {k.decode(errors="replace"): v for k, v in buckets.items()},
+            {k.decode(errors="replace"): v for k, v in ab.items()}, *layout_history(meta), meta.get("mark", ""), lists,
+            tuple(unreadable))
 
     def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""

@@ -74,6 +74,8 @@ class PartitionSnapshot(NamedTuple):
     descriptions: dict[str, str] = {}  # fingerprint -> windows.Layout description
     mark: str = ""               # "epoch:number" of the last checkpoint stored (PartitionCheckpoint.meta)
     lists: dict[str, int] = {}   # queries assembling their list from impression events -> their time
+    # Stored numbers that could not be read, (kind, field, why): skipped (the claim counts them)
+    unreadable: tuple[tuple[str, str, str], ...] = ()
 
 
 class Store(Protocol):
@@ -133,9 +135,20 @@ class Store(Protocol):
 
 
 def meta_state(meta: Mapping[str, str]) -> tuple[str, dict[str, int]]:
-    """A partition's last checkpoint's mark and its lists being assembled."""
-    return (meta.get("mark", ""),
-            {k[len("list:"):]: int(v) for k, v in meta.items() if k.startswith("list:")})
+    """A partition's last checkpoint's mark and its lists being assembled (unreadable
+    times left out: `numbers`)."""
+    return meta.get("mark", ""), numbers({k[len("list:"):]: v for k, v in meta.items() if k.startswith("list:")})[0]
+
+
+def numbers(fields: Mapping[str, str]) -> tuple[dict[str, int], list[str]]:
+    """The fields that hold an integer, as integers, and the names of those that do not."""
+    found, unreadable = {}, []
+    for name, text in fields.items():
+        try:
+            found[name] = int(text)
+        except ValueError:
+            unreadable.append(name)
+    return found, unreadable
 
 
 def layout_history(meta: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:

@@ -10,7 +10,8 @@ from collections import Counter
 
 log = logging.getLogger("rankmeter.store")
 
-KINDS = ("bucket", "experiment", "interleaving", "layout", "history")  # exported even at 0
+# exported even at 0
+KINDS = ("bucket", "experiment", "interleaving", "layout", "history", "offsets", "watermark", "epoch", "list")
 LOGGED_LIMIT = 10_000  # (key, field)s remembered as logged; past it, further ones are counted only
 
 

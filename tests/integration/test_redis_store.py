@@ -122,3 +122,26 @@ def test_a_stale_claim_can_neither_wipe_nor_write_the_running_statistics(store):
     assert store.wipe(0, owner) is True
     snapshot = store.load(0)
     assert (snapshot.offsets, snapshot.buckets, snapshot.epoch) == ({}, {}, owner)
+
+
+def test_stored_numbers_that_are_not_integers_do_not_stop_a_claim(store):
+    """Issue 19: nothing a stored value holds may crash a claim. Written by hand or by a bad
+    restore: an epoch, an offset, a watermark, a list's time, a name, none an integer or UTF-8."""
+    old = store.claim(0).epoch
+    assert store.commit([checkpoint(old, offsets={"imp": 5, "fb": 7}, watermarks={"imp": 9},
+                                    meta={"list:q1": "123"})]) == {}
+    meta, offsets = store._key(0, "meta"), store._key(0, "offsets")
+    store.client.hset(meta, mapping={"epoch": "twelve", "watermark:fb": "soon", "list:q2": "\xff", b"\xfflabel": b"\xfe"})
+    claimed = store.claim(0)
+    # A new epoch no earlier owner holds: the old owner's commit is fenced.
+    assert claimed.epoch > 1_000_000_000_000 and store.commit([checkpoint(old, offsets={"imp": 6})]) == {0: FENCED}
+    assert claimed.offsets == {"imp": 5, "fb": 7} and claimed.watermarks == {"imp": 9}
+    assert claimed.lists == {"q1": 123}
+    assert {(kind, field) for kind, field, _ in claimed.unreadable} == {
+        ("epoch", "epoch"), ("watermark", "fb"), ("list", "q2")}
+    # An offset that is not an integer: none of the partition's is trusted.
+    store.client.hset(offsets, "fb", "7.5")
+    again = store.claim(0)
+    assert again.epoch == claimed.epoch + 1 and again.offsets == {}
+    assert ("offsets", "fb") in {(kind, field) for kind, field, _ in again.unreadable}
+    assert store.load(0).offsets == {}

@@ -62,6 +62,8 @@ class Claims:
         resume = {}
         for p in partitions:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
+            for kind, field, why in snapshot.unreadable:
+                self.unreadable.skip(kind, f"{{{p}}}:meta", field, why)
             stored, offsets = snapshot.offsets, dict(snapshot.offsets)
             # Claimed again: not rewound any more, whatever the claim finds (else a partition
             # whose state is gone entirely would be claimed again on every batch).
