@@ -136,10 +136,13 @@ def arms(truth, start: int) -> dict[tuple[str, str], ArmData]:
 
 
 def welch(t: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """The difference of means; its variance the larger of Welch's and the pooled one (both
+    arms one sample: the null's), as ab/stats.py takes it."""
     delta = float(t.mean() - b.mean())
     v = float(stats.sem(t) ** 2 + stats.sem(b) ** 2)
     assert delta / math.sqrt(v) == pytest.approx(stats.ttest_ind(t, b, equal_var=False).statistic, rel=1e-9)
-    return delta, delta / float(b.mean()), v
+    pooled = float(np.var(np.concatenate([t, b]), ddof=1) * (1 / len(t) + 1 / len(b)))
+    return delta, delta / float(b.mean()), max(v, pooled)
 
 
 def ratio_and_variance(y: np.ndarray, z: np.ndarray) -> tuple[float, float]:
@@ -177,9 +180,12 @@ def expected(truth, start: int, split: dict[str, float]) -> dict:
             delta, relative, v = welch(t.value[measure], b.value[measure])
             out["comparisons"][(measure, segment, "macro")] = (delta, relative, v, *msprt(delta, v))
             (r_t, v_t), (r_b, v_b) = (ratio_and_variance(a.num[measure], a.den[measure]) for a in (t, b))
+            n_t, n_b = len(t.num[measure]), len(b.num[measure])
+            both = ratio_and_variance(np.concatenate([t.num[measure], b.num[measure]]),
+                                      np.concatenate([t.den[measure], b.den[measure]]))[1]
+            v = max(v_t + v_b, (n_t + n_b) * both * (1 / n_t + 1 / n_b))
             delta = r_t - r_b
-            out["comparisons"][(measure, segment, "micro")] = (delta, delta / r_b, v_t + v_b,
-                                                                *msprt(delta, v_t + v_b))
+            out["comparisons"][(measure, segment, "micro")] = (delta, delta / r_b, v, *msprt(delta, v))
         for ranker, arm in ((BASE, b), (NEW, t)):
             out["arms"][(ranker, segment)] = (arm.queries, arm.judged / arm.queries)
         out["srm"][segment] = srm_p([data[(r, segment)].queries for r in split], list(split.values()))
