@@ -17,8 +17,8 @@ from rankmeter.serve import _lost_problem, _reclaim, _refused
 from rankmeter.source import Bus
 from rankmeter.store import FENCED, REWOUND, MemoryStore, PartitionCheckpoint
 from test_ab_pipeline import an_experiment, feed, started
-from test_pipeline import (FEEDBACK, IMPRESSIONS, NOW_S, SETTINGS, Clock, assert_same, impression, make_stream, run,
-                           sums)
+from test_pipeline import (FEEDBACK, IMPRESSIONS, NOW_S, SETTINGS, Clock, FlakyStore, assert_same, impression,
+                           make_stream, run, sums)
 
 RESUME = config.load(None, {"RANKMETER_KAFKA_ON_OFFSETS_RESET": "resume"})
 
@@ -339,26 +339,9 @@ def test_an_unreadable_stored_mark_is_not_ours_and_the_partition_is_claimed_agai
         assert loop.pipeline.rewound == set() and queries(loop.pipeline) == i + 1
 
 
-class FailingOnce(MemoryStore):
-    """A store whose next commit fails, before applying the checkpoints or after."""
-    unavailable = (ConnectionError,)
-    fail: str | None = None
-
-    def commit(self, checkpoints):
-        checkpoints = list(checkpoints)
-        if self.fail == "before":
-            self.fail = None
-            raise ConnectionError("before")
-        refused = super().commit(checkpoints)
-        if self.fail == "after":
-            self.fail = None
-            raise ConnectionError("after")
-        return refused
-
-
 def test_a_gap_resumed_past_in_an_unsure_checkpoint_is_counted_once_whether_it_was_stored_or_not():
     for fail in ("before", "after"):
-        bus, store = Bus(partitions=1), FailingOnce()
+        bus, store = Bus(partitions=1), FlakyStore()   # its next commit fails, before applying or after
         first = Loop(store, bus, RESUME)
         send(bus, [impression(f"q{i}", int(NOW_S * 1000)) for i in range(5)])
         first.drain()
