@@ -16,7 +16,7 @@ Conventions, documented once:
   arms one population, the pooled variance of the two-proportion z-test): with a small
   arm, or a rare event, an arm's own sample variance is often 0 or near it (no click
   yet among its first hundred queries), and Welch's variance alone then gave A/A tests
-  a false-alarm rate of 14–37% (Bernoulli 1%, micro CTR 0.2% a result, 90/10 and 99/1
+  a false-alarm rate of 13–35% (Bernoulli 1%, micro CTR 0.2% a result, 90/10 and 99/1
   splits; bench/ab_validity.py). Under the alternative the larger of the two keeps the
   confidence sequence valid, only wider.
 * A variance of exactly 0 (e.g. every query 0 in both arms) carries no information:
