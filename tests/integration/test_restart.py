@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from serving import Serve, produce, unique_topics, wait_until
+from serving import FAST_FAILOVER, Serve, produce, unique_topics, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -52,7 +52,6 @@ def aggregates(serve: Serve) -> dict:
 
 # A member killed with SIGKILL never leaves its group: the coordinator waits for its
 # session to time out before the restarted one gets the partitions (45 s by default).
-FAST_FAILOVER = {"RANKMETER_KAFKA_CLIENT": "session_timeout_ms=6000,heartbeat_interval_ms=1000"}
 
 
 def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstrap, redis_url, kafka_backend,

@@ -17,7 +17,6 @@ import redis
 from ubi_shapes import SHAPES, event_ms, in_time_order, native, searches
 
 from serving import Serve, produce, unique_topics, wait_until
-from test_restart import FAST_FAILOVER
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -49,8 +48,7 @@ def test_ubi_records_as_the_generator_and_the_collector_write_them_equal_native_
                for seed, shape in enumerate(sorted(SHAPES))}
     ubi_topics, native_topics = unique_topics(kafka_bootstrap), unique_topics(kafka_bootstrap)
     run = uuid.uuid4().hex[:6]
-    # Killed and started again in its group: the dead member is out after 6 s, not Kafka's 45.
-    ubi = Serve(kafka_bootstrap, redis_url, ubi_topics, f"g-{run}-ubi", f"rm-{run}-ubi", FAST_FAILOVER,
+    ubi = Serve(kafka_bootstrap, redis_url, ubi_topics, f"g-{run}-ubi", f"rm-{run}-ubi",
                 log_path=tmp_path / "ubi.log")
     reference = Serve(kafka_bootstrap, redis_url, native_topics, f"g-{run}-native", f"rm-{run}-native",
                       log_path=tmp_path / "native.log")
