@@ -91,6 +91,18 @@ if epoch then redis.call('HSET', KEYS[1], 'epoch', epoch) end
 return 1
 """
 
+# Replaces a stored epoch HINCRBY cannot increment (not an integer, or near overflow) by
+# ARGV[1] (a time in ms: no owner holds it), atomically: of two replicas repairing at once,
+# the second sees the first's integer and leaves it, so their claims get distinct epochs.
+_REPAIR_EPOCH = """
+local e = redis.call('HGET', KEYS[1], 'epoch')
+if e and (not string.match(e, '^[1-9]%d*$') or #e > 15) and e ~= '0' then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
+  return 1
+end
+return 0
+"""
+
 # Writes partition 0's holder's A/B state while ARGV[1] is partition 0's stored epoch.
 # KEYS: partition 0's meta, the target. ARGV: epoch, then HSET's field/values (_SAVE) or
 # the line and how many to keep (_APPEND). Returns 1, or 0 for a stale holder.
@@ -131,6 +143,7 @@ class RedisStore:
         self._commit = self.client.register_script(_COMMIT)
         self._wipe = self.client.register_script(_WIPE)
         self._save = self.client.register_script(_SAVE)
+        self._repair_epoch = self.client.register_script(_REPAIR_EPOCH)
         self._append = self.client.register_script(_APPEND)
 
     def _key(self, partition: int, name: str) -> str:
@@ -177,13 +190,15 @@ class RedisStore:
             pipe.hgetall(self._key(partition, "ab"))
             *claimed, offsets, meta, buckets, ab = pipe.execute(raise_on_error=False)
         if claimed and isinstance(claimed[0], redis.ResponseError):
-            # The stored epoch is not an integer: a new one no owner can hold (a time in ms,
-            # far above any count of claims) fences every earlier owner; claimed from it.
-            if repaired or "not an integer" not in str(claimed[0]):
+            # The stored epoch cannot be incremented (not an integer, or an overflow): a new
+            # one no owner can hold (a time in ms, far above any count of claims) fences every
+            # earlier owner; claimed from it.
+            error = str(claimed[0])
+            if repaired or not ("not an integer" in error or "overflow" in error):
                 raise claimed[0]
-            self.client.hset(self._key(partition, "meta"), "epoch", int(time.time() * 1000))
+            self._repair_epoch(keys=[self._key(partition, "meta")], args=[int(time.time() * 1000)])
             snapshot = self._snapshot(partition, claim, repaired=True)
-            return snapshot._replace(unreadable=(("epoch", "epoch", "not an integer"), *snapshot.unreadable))
+            return snapshot._replace(unreadable=(("epoch", "epoch", error[:100]), *snapshot.unreadable))
         for result in (offsets, meta, buckets, ab):
             if isinstance(result, Exception):
                 raise result
@@ -192,15 +207,16 @@ class RedisStore:
         # An offset that cannot be read: none is trusted (resuming one topic from 0 would
         # count its events twice); the partition has no stored state, and Kafka's commit
         # says it is lost (`serve --rebuild` rebuilds it).
-        stored, bad = numbers({k.decode(errors="replace"): v.decode(errors="replace") for k, v in offsets.items()})
-        unreadable += [("offsets", topic, "not an integer: no offset of the partition used") for topic in bad]
+        stored, bad_offsets = numbers({k.decode(errors="replace"): v.decode(errors="replace")
+                                       for k, v in offsets.items()})
+        unreadable += [("offsets", topic, "not an integer: no offset of the partition used") for topic in bad_offsets]
         watermarks, bad = numbers({k[len("watermark:"):]: v for k, v in meta.items() if k.startswith("watermark:")})
         unreadable += [("watermark", topic, "not an integer") for topic in bad]
         lists, bad = numbers({k[len("list:"):]: v for k, v in meta.items() if k.startswith("list:")})
         unreadable += [("list", query, "not an integer") for query in bad]
         epoch = numbers({"epoch": meta.get("epoch", "0")})[0].get("epoch", 0)  # read-only load
         return PartitionSnapshot(
-            epoch, {} if len(stored) < len(offsets) else stored, watermarks,
+            epoch, {} if bad_offsets else stored, watermarks,
             meta.get("layout", ""), {k.decode(errors="replace"): v for k, v in buckets.items()},
             {k.decode(errors="replace"): v for k, v in ab.items()}, *layout_history(meta), meta.get("mark", ""), lists,
             tuple(unreadable))

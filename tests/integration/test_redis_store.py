@@ -124,7 +124,7 @@ def test_a_stale_claim_can_neither_wipe_nor_write_the_running_statistics(store):
     assert (snapshot.offsets, snapshot.buckets, snapshot.epoch) == ({}, {}, owner)
 
 
-def test_stored_numbers_that_are_not_integers_do_not_stop_a_claim(store):
+def test_stored_numbers_that_are_not_integers_do_not_stop_a_claim(store, redis_url):
     """Issue 19: nothing a stored value holds may crash a claim. Written by hand or by a bad
     restore: an epoch, an offset, a watermark, a list's time, a name, none an integer or UTF-8."""
     old = store.claim(0).epoch
@@ -145,3 +145,13 @@ def test_stored_numbers_that_are_not_integers_do_not_stop_a_claim(store):
     assert again.epoch == claimed.epoch + 1 and again.offsets == {}
     assert ("offsets", "fb") in {(kind, field) for kind, field, _ in again.unreadable}
     assert store.load(0).offsets == {}
+    # An epoch HINCRBY would overflow is replaced too; two replicas repairing at once get
+    # distinct epochs (the second repair finds the first's integer and leaves it).
+    store.client.hset(meta, "epoch", str(2 ** 63 - 1))
+    other = RedisStore(redis_url, store.prefix)   # another replica
+    assert store._repair_epoch(keys=[meta], args=[1_900_000_000_000]) == 1
+    assert other._repair_epoch(keys=[meta], args=[1_800_000_000_000]) == 0
+    first, second = store.claim(0).epoch, other.claim(0).epoch
+    assert first == 1_900_000_000_001 and second == first + 1
+    store.client.hset(meta, "epoch", str(2 ** 63 - 1))
+    assert store.claim(0).epoch > 1_000_000_000_000

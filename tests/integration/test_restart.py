@@ -51,8 +51,7 @@ def aggregates(serve: Serve) -> dict:
 
 
 # A member killed with SIGKILL never leaves its group: the coordinator waits for its
-# session to time out before the restarted one gets the partitions (45 s by default).
-
+# session to time out before the restarted one gets the partitions (serving.FAST_FAILOVER: 6 s).
 
 def test_sigkill_mid_stream_then_restart_equals_uninterrupted_run(kafka_bootstrap, redis_url, kafka_backend,
                                                                    tmp_path):

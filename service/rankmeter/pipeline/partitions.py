@@ -63,13 +63,16 @@ class Claims:
         for p in partitions:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
             for kind, field, why in snapshot.unreadable:
-                self.unreadable.skip(kind, f"{{{p}}}:meta", field, why)
+                self.unreadable.skip(kind, f"{{{p}}}:{'offsets' if kind == 'offsets' else 'meta'}", field, why)
             stored, offsets = snapshot.offsets, dict(snapshot.offsets)
             # Claimed again: not rewound any more, whatever the claim finds (else a partition
             # whose state is gone entirely would be claimed again on every batch).
             rewound = p in self.ledger.rewound
             self.ledger.rewound.discard(p)
             gone = not offsets and any(committed.get((t, p), 0) > 0 for t in self.topics)
+            # Offsets the store could not read: its state is no starting point whatever Kafka's
+            # commit says (resuming from the log's start onto the stored sums counts twice).
+            gone = gone or any(kind == "offsets" for kind, _, _ in snapshot.unreadable)
             resets: list[Reset] = []
             if offsets and self._lost_writes(p, offsets, committed, bounds, rewound):
                 gone = True
