@@ -23,7 +23,7 @@ from rankmeter.kafka import KafkaSource
 from rankmeter.redis_store import RedisStore
 from rankmeter.serve import run
 
-from serving import Serve, free_port, parse_metrics, produce, quality, unique_topics, wait_until
+from serving import FAST_FAILOVER, Serve, free_port, parse_metrics, produce, quality, unique_topics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,8 @@ class Running:
             parts = list(self.pipeline.partitions.values()) if self.pipeline is not None else []
             return (sum(ps.offsets.get(k.impressions_topic, 0) for ps in parts) >= impressions
                     and sum(ps.offsets.get(k.feedback_topic, 0) for ps in parts) >= feedback)
-        wait_until(read, 60, f"{impressions} impressions and {feedback} feedback events to be read")
+        # Up to kafka-python's join watchdog (session timeout + 15 s) and a join after it.
+        wait_until(read, 120, f"{impressions} impressions and {feedback} feedback events to be read")
         time.sleep(0.5)  # the batch that read them counts its events once it is stored
         return dict(self.pipeline.events)
 
@@ -244,7 +245,8 @@ def test_an_outage_longer_than_the_attribution_window_loses_nothing(kafka_bootst
            "RANKMETER_KAFKA_IMPRESSIONS_TOPIC": topics.impressions, "RANKMETER_KAFKA_FEEDBACK_TOPIC": topics.feedback,
            "RANKMETER_KAFKA_DEAD_LETTER_TOPIC": topics.dead_letter, "RANKMETER_METRICS_BIND_ADDRESS": "127.0.0.1",
            "RANKMETER_REDIS_URL": redis_url, "RANKMETER_REDIS_KEY_PREFIX": prefix,
-           "RANKMETER_KAFKA_MAX_POLL_RECORDS": "5"}  # the backlog spreads over many batches
+           "RANKMETER_KAFKA_MAX_POLL_RECORDS": "5",  # the backlog spreads over many batches
+           **FAST_FAILOVER}
     if "judgments" in config.Windows.__struct_fields__:
         # Explicit judgments may keep a query open longer (windows.judgments); this stream
         # has none, and the close asserted below is the click attribution window's.
