@@ -51,7 +51,14 @@ from rankmeter.engine import QueryState, evaluate, parse, stack
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 
 MEASURES = [parse("nDCG@10"), parse("DCG@10")]
-CONFIGS = ("pbm/power-0.9", "pbm/power-1.5", "pbm/exp-0.75", "pbm/plateau-3", "cascade")
+# The issue-22 configurations by short name (model, examination curve, click reaction β);
+# the older "model/curve" names are accepted too.
+NAMED = {"pbm": ("pbm", "power-0.9", 0.0), "pbm2": ("pbm", "power-1.5", 0.0), "cascade": ("cascade", None, 0.0),
+         "dcm": ("dcm", None, 0.0), "reactive": ("pbm", "power-0.9", 1.0)}
+CONFIGS = (*NAMED, "pbm/power-0.9", "pbm/power-1.5", "pbm/exp-0.75", "pbm/plateau-3")
+# The true nDCG@10 gap with every bm25-degraded query on its own list (pbm/power-0.9, 40
+# seeds): --gap g shows the degraded list in a share g / FULL_GAP of its queries.
+FULL_GAP = 0.372
 SERIES = ("truth", "raw", "ipw-estimated", "ipw-true")
 # nDCG@10 with a normaliser that does not come from the list: the pooled per-query-text
 # ideal (`Harvester.ideal_dcg`), and a constant (the ideal DCG@10 of ten grade-3 results).
@@ -124,9 +131,9 @@ def pooled(q: Query, w: list[float], p: Sequence[float | None], support: int, ca
 
 
 def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
-             main: tuple[int, bool, bool]) -> dict:
+             main: tuple[int, bool, bool], degrade_share: float = 1.0, react: float = 0.0) -> dict:
     sim = Simulator(seed=seed, run_id=f"s{seed}", click_model=model, examination=curve,
-                    track_examination=True)
+                    track_examination=True, degrade_share=degrade_share, react=react)
     rules = Evaluation()
     harvester = Harvester()
     window_queries: list[Query] = []
@@ -199,7 +206,7 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
                           float(np.mean([x is not None for x in per_query])))
     return {"gap": {row: values[row[1]][row[0]][TUNED] - values[row[1]][row[0]][DEGRADED] for row in ROWS},
             "tuned": {row: values[row[1]][row[0]][TUNED] for row in ROWS},
-            "sensitivity": sensitivity,
+            "sensitivity": sensitivity, "valid": True, "reason": "ok",
             "estimated": [np.nan if p is None else p for p in estimated], "true": true}
 
 
@@ -278,10 +285,35 @@ def report(config: str, runs: list[dict], main: tuple[int, bool, bool]) -> str:
     return "\n".join(lines)
 
 
+def summary(runs: list[dict], config: str, gap: float) -> str:
+    """The configuration's last line: the exported value (pooled IPW nDCG@10, where the fit
+    test kept it) right in how many seeds, its share of the true gap, the seeds withdrawn;
+    then raw click nDCG@10's, overall and in the withdrawn seeds."""
+    n = len(runs)
+    exported, raw, truth = (("nDCG@10", s) for s in ("ipw-pooled-estimated", "raw", "truth"))
+    kept = [r for r in runs if r["valid"]]
+    withdrawn = [r for r in runs if not r["valid"]]
+    right = sum(r["gap"][exported] > 0 for r in kept)
+    truth_gap = float(np.mean([r["gap"][truth] for r in runs]))
+    share = float(np.mean([r["gap"][exported] for r in kept])) / truth_gap if kept else float("nan")
+    raw_right = sum(r["gap"][raw] > 0 for r in runs)
+    raw_share = float(np.mean([r["gap"][raw] for r in runs])) / truth_gap
+    lo, hi = wilson(right, n)
+    rlo, rhi = wilson(raw_right, n)
+    reasons = ",".join(sorted({r["reason"] for r in withdrawn})) or "-"
+    return (f"right={right}/{n} share={share:.2f} withdrawn={len(withdrawn)} ({config}, gap {gap:g}; "
+            f"right 95% CI {lo:.0%}-{hi:.0%}; true gap {truth_gap:.3f}; "
+            f"raw right={raw_right}/{n} {rlo:.0%}-{rhi:.0%} share={raw_share:.2f}; "
+            f"raw right where withdrawn={sum(r['gap'][raw] > 0 for r in withdrawn)}/{len(withdrawn)}; "
+            f"reasons {reasons})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", choices=CONFIGS,
                         help="click model/examination curve (repeatable; default all)")
+    parser.add_argument("--gap", type=float, default=FULL_GAP,
+                        help=f"true nDCG@10 gap between the rankers, about (at most {FULL_GAP})")
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--learn", type=int, default=6000, help="queries harvested before the window")
@@ -293,15 +325,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="ipw-pooled rows: explicit judgments in the numerator (they win)")
     args = parser.parse_args(argv)
     main = (args.min_support, args.cap, args.explicit)
-    for config in args.config or CONFIGS:
-        model, _, curve = config.partition("/")
+    share = min(max(args.gap / FULL_GAP, 0.0), 1.0)
+    for config in args.config or tuple(NAMED):
+        model, curve, react = NAMED.get(config) or (*config.partition("/")[::2], 0.0)
         started = time.monotonic()
         runs = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            runs.append(run_seed(model, curve or None, seed, args.learn, args.window, main))
+            runs.append(run_seed(model, curve or None, seed, args.learn, args.window, main, share, react))
             print(f"\r{config}: seed {seed} ({time.monotonic() - started:.0f} s)", end="", file=sys.stderr)
         print(file=sys.stderr)
-        print(report(config, runs, main) + "\n", flush=True)
+        print(f"{report(config, runs, main)}\n\n{summary(runs, config, args.gap)}\n", flush=True)
     return 0
 
 

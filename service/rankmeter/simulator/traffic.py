@@ -57,6 +57,7 @@ PURCHASE_DELAY = (180.0, 1.0)   # add to cart -> purchase: minutes
 DWELL_SIGMA = 0.5
 ATTRIBUTION_S = 1800.0          # windows.attribution's default: no feedback later than this
 K = 10                          # results shown per query
+REACT_DECAY = 0.8               # a reactive ranker's recent clicks, decayed at each answer of the text
 
 DEFAULT_RANKERS = (Ranker("bm25-tuned", k1=1.2, b=0.75),
                    Ranker("bm25-degraded", k1=0.3, b=0.1, noise=0.35))
@@ -81,7 +82,8 @@ class Simulator:
                  regressions: Sequence[Regression] = (), users: int = 10_000,
                  purchase_cap_s: float = ATTRIBUTION_S, run_id: str | None = None,
                  truth_log: bool = False, examination: str | None = None,
-                 track_examination: bool = False) -> None:
+                 track_examination: bool = False, degrade_share: float = 1.0,
+                 react: float = 0.0) -> None:
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
@@ -96,6 +98,17 @@ class Simulator:
             self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
         self.click_model = make_click_model(click_model, examination)  # ValueError when unknown
         self.click_model_name, self.examination = click_model, examination
+        # The true gap's knob (bench/debias_agreement.py --gap): the second ranker answers a
+        # query with its own list with this probability, else with the first ranker's, so
+        # the true gap is about this share of the rankers' full gap.
+        if not 0.0 <= degrade_share <= 1.0:
+            raise ValueError(f"degrade_share {degrade_share}: between 0 and 1")
+        self.degrade_share = degrade_share
+        # A ranker that reacts to clicks (as production rankers do through click features
+        # or caches): a (query text, document)'s recent clicks c (decayed by REACT_DECAY at
+        # each answer of the text) add react · c / (1 + c) of the top score to its score.
+        self.react = react
+        self._recent: dict[str, dict[str, float]] = {}
         # Σ true P(examine) and number of lists per rank, when tracked (the pbm curve, or the
         # list-dependent examination of cascade and dcm averaged over the traffic).
         self._examined: np.ndarray | None = np.zeros(K) if track_examination else None
@@ -141,13 +154,17 @@ class Simulator:
         if self.interleave is not None:
             return self._interleaved(now_ms, elapsed_s)
         ranker = self.rankers[0] if self.rng.random() < self.split else self.rankers[1]
+        if ranker is not self.rankers[0] and self.degrade_share < 1.0 and self.rng.random() >= self.degrade_share:
+            return self.answer(ranker, now_ms, elapsed_s, lists=self.rankers[0])
         return self.answer(ranker, now_ms, elapsed_s)
 
-    def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None) -> list[Event]:
-        """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all)."""
+    def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None,
+               lists: Ranker | None = None) -> list[Event]:
+        """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all),
+        with the list of `lists` (default: `ranker`'s own)."""
         visit = (users or self.users).visit(self.rng, now_ms)
         query = self._sample_query()
-        results = self.search(query, self._regressed(ranker, elapsed_s))
+        results = self.search(query, self._regressed(lists or ranker, elapsed_s))
         return self._events(ranker.name, query, results, [ranker.name] * len(results), {},
                             now_ms, elapsed_s, visit)
 
@@ -180,6 +197,8 @@ class Simulator:
             self._examined[:n] += examination_of(self.click_model_name, np.array(attractive[:n]), self.examination)
             self._lists_at[:n] += 1
         clicks = self.click_model(attractive, self.rng)
+        if self.react:
+            self._reacted(query.text, [results[r] for r in clicks])
         feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
@@ -201,6 +220,8 @@ class Simulator:
     def search(self, query: Query, ranker: Ranker, rng: np.random.Generator | None = None) -> list[str]:
         """`Index.search(query, ranker, K, rng)` (default: the traffic's rng), with the scores cached."""
         key = (query.text, ranker.k1, ranker.b)
+        if self.react and self._recent.get(query.text):
+            return self._reactive_search(query, ranker, rng)
         if not ranker.noise and key in self._top:
             return self._top[key]
         cached = self._scores.get(key)
@@ -218,6 +239,29 @@ class Simulator:
         if not ranker.noise:
             self._top[key] = top
         return top
+
+    def _reactive_search(self, query: Query, ranker: Ranker, rng: np.random.Generator | None) -> list[str]:
+        """`search` with the recent clicks' boost (`react`)."""
+        scores = self.index.scores(query, ranker)
+        docs = self.corpus.documents
+        ids = list(scores)
+        values = np.fromiter(scores.values(), dtype=float)
+        top = values.max()
+        if ranker.noise:
+            values = values + (rng or self.rng).normal(0.0, ranker.noise * top, len(values))
+        recent = self._recent[query.text]
+        values += self.react * top * np.array([recent.get(docs[i].doc_id, 0.0) for i in ids]) / \
+            (1.0 + np.array([recent.get(docs[i].doc_id, 0.0) for i in ids]))
+        return [docs[ids[i]].doc_id for i in np.argsort(-values, kind="stable")[:K]]
+
+    def _reacted(self, text: str, clicked: list[str]) -> None:
+        recent = self._recent.setdefault(text, {})
+        for doc in list(recent):
+            recent[doc] *= REACT_DECAY
+            if recent[doc] < 0.01:
+                del recent[doc]
+        for doc in clicked:
+            recent[doc] = recent.get(doc, 0.0) + 1.0
 
     def _tally(self, name: str, query: Query, results: list[str], grades: dict[str, int], now_ms: int) -> None:
         key = (query.text, tuple(results))
