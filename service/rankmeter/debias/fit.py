@@ -9,12 +9,13 @@ withdrawn and `rankmeter_debias_valid{reason}` says why (1 for the current reaso
 - `click_reactive_ranker`: the reaction probe (`clickmodels.ReactionProbe`) sees documents
   gain ranks in the next list of their text after a click, against the same document at the
   same earlier rank without one. Harvesting assumes a rank does not depend on clicks.
-- `implausible_propensities`: an examination probability relative to rank 1 above
-  `MAX_RATIO` (a rank examined more than the top one: the weights, held at ≥ 1, silently
-  stop correcting), or, for pbm, rising from a rank to the next by more than `MAX_RISE`
-  (the curve must not rise), each beyond the noise of its support (`_excess`). Every ubm
-  slot is held to `MAX_RATIO`; its slots without a click above needn't fall with rank
-  (cascade and dcm users examine every rank until they click).
+- `implausible_propensities`: pbm's examination probability of a rank relative to rank 1
+  above `MAX_RATIO` (a rank examined more than the top one: the weights, held at ≥ 1,
+  silently stop correcting), or rising from a rank to the next by more than `MAX_RISE`
+  (the curve must not rise), each beyond the noise of its support (`_excess`); with ubm
+  chosen, also a ubm slot above `MAX_UBM_RATIO` (looser: its slots are thinner, and those
+  without a click above needn't fall with rank, cascade and dcm users examine every rank
+  until they click).
 - `poor_fit`: the chosen model, on the held-out queries, predicts the clicks below a
   click, or with no click above, off by more than `CALIBRATION` (observed / expected).
   Position-based weights on cascade users fail this way: they expect clicks below a click
@@ -54,6 +55,7 @@ from rankmeter.debias.propensity import Propensities
 REASONS = ("ok", "insufficient_support", "implausible_propensities", "poor_fit", "click_reactive_ranker")
 # (withdraw, restore) thresholds.
 MAX_RATIO = (1.2, 1.1)
+MAX_UBM_RATIO = (1.6, 1.4)
 MAX_RISE = (0.15, 0.08)
 CALIBRATION = ((0.67, 1.5), (0.8, 1.25))
 REACTION = (0.5, 0.25)      # ranks gained after a click
@@ -101,16 +103,17 @@ def _choose(layout: FitLayout, fit: np.ndarray, ubm: Propensities, previous: str
     return model, perplexity
 
 
-def _excess(found: Propensities, t: int, monotone: bool) -> tuple[float, float]:
+def _excess(found: Propensities, t: int, ratio_limit: tuple[float, float], monotone: bool,
+            noise: float) -> tuple[float, float]:
     """How far the estimates go beyond plausible, each against its threshold plus the
-    noise of its support (a ratio of click rates over n harvested pairs: about 1/√n):
-    the largest ratio − MAX_RATIO − 2/√n, and (`monotone`) the largest rise from an
-    estimated rank to the next one − MAX_RISE − 3/√n. Positive: implausible."""
+    noise of its support (a ratio of click rates over n harvested pairs: about `noise`/√n):
+    the largest ratio − `ratio_limit` − noise/√n, and (`monotone`) the largest rise from an
+    estimated rank to the next one − MAX_RISE − 1.5·noise/√n. Positive: implausible."""
     est = [(p, n) for p, n in zip(found.relative, found.support) if p is not None]
-    ratio = max((p - MAX_RATIO[t] - 2.0 / math.sqrt(max(n, 1.0)) for p, n in est), default=-1.0)
+    ratio = max((p - ratio_limit[t] - noise / math.sqrt(max(n, 1.0)) for p, n in est), default=-1.0)
     rise = -1.0
     if monotone:
-        rise = max(((b - a) - MAX_RISE[t] - 3.0 / math.sqrt(max(min(n, m), 1.0))
+        rise = max(((b - a) - MAX_RISE[t] - 1.5 * noise / math.sqrt(max(min(n, m), 1.0))
                     for (a, n), (b, m) in zip(est, est[1:])), default=-1.0)
     return ratio, rise
 
@@ -122,7 +125,12 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
     model, perplexity = _choose(layout, fit, ubm, previous.model if previous else "pbm")
     chosen = ubm if model == "ubm" else pbm
     t = 0 if previous is None or previous.valid else 1
-    ratio, rise = _excess(chosen, t, monotone=model == "pbm")
+    # pbm's curve always (a ranker reacting to clicks inflates it whichever model is
+    # chosen); ubm's slots, thinner and noisier (a slot's pairs with a slot below a click
+    # constrain little), only against a looser bound.
+    ratio, rise = _excess(pbm, t, MAX_RATIO, True, 2.0)
+    if model == "ubm":
+        ratio = max(ratio, _excess(ubm, t, MAX_UBM_RATIO, False, 4.0)[0])
     m = MODELS.index(model)
     calibration = [layout.observed_over_expected(fit, m, cls, MIN_EXPECTED) for cls in (0, 1)]
     contrast = layout.reaction_contrast(fit, MIN_REACTION_WEIGHT)
