@@ -272,6 +272,8 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
             break
         reach = grown
     use = np.flatnonzero(reach)
+    if len(use) == 1:  # rank 1 linked to no other supported rank: nothing but itself to say
+        return Propensities([1.0] + [None] * (k - 1), support.tolist(), 0)
     n = sums.pairs[np.ix_(use, use)]
     c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
     nc = n - c
