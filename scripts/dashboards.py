@@ -137,7 +137,8 @@ def overview() -> dict:
                               "the query text's pooled ideal. Compare the rankers' gap: raw click metrics compress "
                               "it. The debiased series are exported only while the fit test holds; \"debiased "
                               "valid\" names the reason they are exported (ok) or withdrawn "
-                              "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker: "
+                              "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker, "
+                              "unexamined_below_clicks: "
                               "docs/debiasing.md)."),
             panel("Examination by rank (estimated)",
                   [("max by (rank) (rankmeter_propensity)", "rank {{rank}}")], 12, 38, kind="bargauge",

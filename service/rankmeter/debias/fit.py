@@ -20,6 +20,11 @@ withdrawn and `rankmeter_debias_valid{reason}` says why (1 for the current reaso
   click, or with no click above, off by more than `CALIBRATION` (observed / expected).
   Position-based weights on cascade users fail this way: they expect clicks below a click
   that cascade users never make (observed/expected about 0).
+- `unexamined_below_clicks`: ubm chosen, and it finds (almost) nothing below a click
+  examined: `below_clicks` under `BELOW_CLICKS`. Cascade users: their clicks say nothing of
+  the documents below the first one clicked, so no weighting recovers the gap, and the
+  weighted value is only a noisier copy of the raw one (bench: 7% of the true gap at a gap
+  of 0.05, against raw clicks' 24%). Dependent-click users (0.3–0.6) pass.
 - `ok`: otherwise.
 
 Each check has a withdraw threshold and a stricter restore one (hysteresis):
@@ -49,16 +54,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.debias.clickmodels import MODELS, FitLayout
+from rankmeter.debias.clickmodels import MODELS, UBM_DISTANCES, FitLayout, slot
 from rankmeter.debias.propensity import Propensities
 
-REASONS = ("ok", "insufficient_support", "implausible_propensities", "poor_fit", "click_reactive_ranker")
+REASONS = ("ok", "insufficient_support", "implausible_propensities", "poor_fit", "click_reactive_ranker",
+           "unexamined_below_clicks")
 # (withdraw, restore) thresholds.
 MAX_RATIO = (1.2, 1.1)
 MAX_UBM_RATIO = (1.6, 1.4)
 MAX_RISE = (0.15, 0.08)
 CALIBRATION = ((0.67, 1.5), (0.8, 1.25))
 REACTION = (0.5, 0.25)      # ranks gained after a click
+BELOW_CLICKS = (0.1, 0.15)  # ubm: examination below a click relative to none above, at the same rank
 MIN_EXPECTED = 30.0         # expected clicks a calibration class needs to be judged
 MIN_REACTION_WEIGHT = 300.0
 MIN_SCORED = 500.0          # ranks scored before the perplexities choose
@@ -118,6 +125,19 @@ def _excess(found: Propensities, t: int, ratio_limit: tuple[float, float], monot
     return ratio, rise
 
 
+def below_clicks(ubm: Propensities, ranks: int) -> float | None:
+    """ubm's examination below a click relative to the same rank with none above, the
+    mean over slots weighted by their support (None: no such slot estimated)."""
+    total = weight = 0.0
+    for r in range(1, ranks):
+        top = ubm.relative[slot(r, 0)]
+        for d in range(1, min(r, UBM_DISTANCES) + 1):
+            g, n = ubm.relative[slot(r, d)], ubm.support[slot(r, d)]
+            if g is not None and top:
+                total, weight = total + n * g / top, weight + n
+    return total / weight if weight else None
+
+
 def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayout,
           previous: Look | None) -> Look:
     """The look's decision from both estimates and the fit sums of every partition; the
@@ -134,8 +154,9 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
     m = MODELS.index(model)
     calibration = [layout.observed_over_expected(fit, m, cls, MIN_EXPECTED) for cls in (0, 1)]
     contrast = layout.reaction_contrast(fit, MIN_REACTION_WEIGHT)
+    below = below_clicks(ubm, layout.ranks) if model == "ubm" else None
     checks = {"ratio_excess": ratio, "rise_excess": rise, "calibration_no_click_above": calibration[0],
-              "calibration_click_above": calibration[1], "reaction_ranks": contrast}
+              "calibration_click_above": calibration[1], "reaction_ranks": contrast, "below_clicks": below}
     low, high = CALIBRATION[t]
     if chosen.relative[0] is None:
         reason = "insufficient_support"
@@ -145,6 +166,8 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
         reason = "implausible_propensities"
     elif any(c is not None and not low <= c <= high for c in calibration):
         reason = "poor_fit"
+    elif below is not None and below < BELOW_CLICKS[t]:
+        reason = "unexamined_below_clicks"
     else:
         reason = "ok"
     return Look(pbm, ubm, model, reason, perplexity, checks)
