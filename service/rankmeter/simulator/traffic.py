@@ -98,9 +98,8 @@ class Simulator:
             self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
         self.click_model = make_click_model(click_model, examination)  # ValueError when unknown
         self.click_model_name, self.examination = click_model, examination
-        # The true gap's knob (bench/debias_agreement.py --gap): the second ranker answers a
-        # query with its own list with this probability, else with the first ranker's, so
-        # the true gap is about this share of the rankers' full gap.
+        # The true gap's knob (bench --gap): the second ranker shows its own list with this
+        # probability, else the first ranker's: the true gap is about this share of the full one.
         if not 0.0 <= degrade_share <= 1.0:
             raise ValueError(f"degrade_share {degrade_share}: between 0 and 1")
         self.degrade_share = degrade_share
@@ -198,7 +197,7 @@ class Simulator:
             self._lists_at[:n] += 1
         clicks = self.click_model(attractive, self.rng)
         if self.react:
-            self._reacted(query.text, [results[r] for r in clicks])
+            reacted(self._recent.setdefault(query.text, {}), [results[r] for r in clicks])
         feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
@@ -221,7 +220,7 @@ class Simulator:
         """`Index.search(query, ranker, K, rng)` (default: the traffic's rng), with the scores cached."""
         key = (query.text, ranker.k1, ranker.b)
         if self.react and self._recent.get(query.text):
-            return self._reactive_search(query, ranker, rng)
+            return reactive_search(self, query, ranker, rng or self.rng)
         if not ranker.noise and key in self._top:
             return self._top[key]
         cached = self._scores.get(key)
@@ -239,29 +238,6 @@ class Simulator:
         if not ranker.noise:
             self._top[key] = top
         return top
-
-    def _reactive_search(self, query: Query, ranker: Ranker, rng: np.random.Generator | None) -> list[str]:
-        """`search` with the recent clicks' boost (`react`)."""
-        scores = self.index.scores(query, ranker)
-        docs = self.corpus.documents
-        ids = list(scores)
-        values = np.fromiter(scores.values(), dtype=float)
-        top = values.max()
-        if ranker.noise:
-            values = values + (rng or self.rng).normal(0.0, ranker.noise * top, len(values))
-        recent = self._recent[query.text]
-        values += self.react * top * np.array([recent.get(docs[i].doc_id, 0.0) for i in ids]) / \
-            (1.0 + np.array([recent.get(docs[i].doc_id, 0.0) for i in ids]))
-        return [docs[ids[i]].doc_id for i in np.argsort(-values, kind="stable")[:K]]
-
-    def _reacted(self, text: str, clicked: list[str]) -> None:
-        recent = self._recent.setdefault(text, {})
-        for doc in list(recent):
-            recent[doc] *= REACT_DECAY
-            if recent[doc] < 0.01:
-                del recent[doc]
-        for doc in clicked:
-            recent[doc] = recent.get(doc, 0.0) + 1.0
 
     def _tally(self, name: str, query: Query, results: list[str], grades: dict[str, int], now_ms: int) -> None:
         key = (query.text, tuple(results))
@@ -347,3 +323,28 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
+
+
+def reactive_search(sim: Simulator, query: Query, ranker: Ranker, rng: np.random.Generator) -> list[str]:
+    """`Simulator.search` with the recent clicks' boost (`react`): c / (1 + c) of the top
+    score times `react`, c the (text, document)'s decayed recent clicks."""
+    scores = sim.index.scores(query, ranker)
+    docs = sim.corpus.documents
+    ids = list(scores)
+    values = np.fromiter(scores.values(), dtype=float)
+    top = values.max()
+    if ranker.noise:
+        values = values + rng.normal(0.0, ranker.noise * top, len(values))
+    recent = np.array([sim._recent[query.text].get(docs[i].doc_id, 0.0) for i in ids])
+    values += sim.react * top * recent / (1.0 + recent)
+    return [docs[ids[i]].doc_id for i in np.argsort(-values, kind="stable")[:K]]
+
+
+def reacted(recent: dict[str, float], clicked: list[str]) -> None:
+    """A text answered: its documents' recent clicks decay, the clicked ones add 1."""
+    for doc in list(recent):
+        recent[doc] *= REACT_DECAY
+        if recent[doc] < 0.01:
+            del recent[doc]
+    for doc in clicked:
+        recent[doc] = recent.get(doc, 0.0) + 1.0
