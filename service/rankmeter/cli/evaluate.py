@@ -41,6 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                     help="trec_eval's -R: only `qrels` (prefs, qrels_prefs, qrels_jg are refused)")
     ev.add_argument("-T", dest="results_format", default="trec_results", metavar="FORMAT",
                     help="trec_eval's -T: only `trec_results`")
+    ev.add_argument("-Z", dest="zscores", metavar="FILE", help="trec_eval's -Z: refused (z-scores are not supported)")
     ev.add_argument("--iprec-rounding", choices=["lround", "legacy"],
                     help="how interpolated precision turns a recall point r into R·r relevant "
                          "documents: lround (trec_eval 10, the default for trec_eval names) or "
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rel_format != "qrels":
         raise UsageError(f"-R {args.rel_format}: only -R qrels is supported (trec_eval's preference and "
                          f"judgment-group formats are not)")
+    if args.zscores is not None:
+        raise UsageError("-Z: trec_eval's z-scores are not supported")
     if args.results_format != "trec_results":
         raise UsageError(f"-T {args.results_format}: only -T trec_results is supported")
     names = args.measure or ["official"]
