@@ -151,6 +151,9 @@ class Experiments:
             sums = ps.ab.get(field)
             if sums is None:
                 sums = ps.ab[field] = np.zeros(size)
+            if len(sums) != size:  # stored under another definition (one the store lost): never mixed in
+                self.unreadable.skip("experiment", f"{{{k.partition}}}:ab", field, f"{len(sums)} sums, not {size}")
+                continue
             sums += vector - before
             ps.dirty_ab.add(field)
             record.ab_contribution = vector.tobytes()
