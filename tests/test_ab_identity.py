@@ -233,7 +233,9 @@ def test_the_phase_is_exported_and_in_the_report_json():
     ("SPLIT_SINCE", str(START_MS - 1), "must not be before it"),
     ("SPLIT_SINCE", "2026-12-01T09:00:00", "no time zone"),
     ("INTERLEAVING_START", "yesterday", "neither epoch milliseconds nor an RFC 3339 time"),
-    ("MIXTURE_SCALE", "0", "scale > 0"),
+    ("MIXTURE_SCALE", "0", "ab.mixture_scale: must be a number > 0"),
+    ("MIXTURE_SCALE", "nan", "ab.mixture_scale: must be a number > 0"),
+    ("MIXTURE_VARIANCE", "inf", "ab.mixture_variance: must be a number >= 0"),
 ])
 def test_phase_settings_are_checked(setting: str, value: str, problem: str):
     with pytest.raises(config.ConfigError, match=problem):

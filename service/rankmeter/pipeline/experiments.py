@@ -12,8 +12,8 @@ import numpy as np
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
-from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.ab.experiment import look as ab_look
+from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
