@@ -1,12 +1,17 @@
 """`rankmeter eval` against pytrec_eval, both from the same files, in one run.
 
-    .venv/bin/python bench/bench_eval.py [--queries 10000] [--docs 100] [--repeat 3]
+    .venv/bin/python bench/bench_eval.py [--queries 10000] [--docs 100] [--repeat 3] [--trec-eval PATH]
 
 Both sides go from TREC files to per-query values and their means for nDCG@10, P@10 and
 AP: rankmeter with `rankmeter.offline.evaluate_files`, pytrec_eval with its own
 `parse_qrel`/`parse_run` and `RelevanceEvaluator`. The two alternate, each timed
 `--repeat` times; the ratio of the medians is the figure to report, since the machine
 is shared and absolute times drift. The values are checked equal before timing.
+
+With `--trec-eval PATH` (a trec_eval binary built from usnistgov/trec_eval), the two
+commands are timed too, end to end as a user runs them (process start-up included):
+`trec_eval -m map -m P.10 -m ndcg_cut.10` against `rankmeter eval` with the same
+arguments, whose outputs must be identical.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,12 +70,35 @@ def timed(fn, *args) -> tuple[float, dict[str, float]]:
     return time.perf_counter() - start, result
 
 
+TREC_ARGS = ["-m", "map", "-m", "P.10", "-m", "ndcg_cut.10"]
+
+
+def commands(trec_eval: str, qrels: str, run: str) -> dict[str, list[str]]:
+    rankmeter = shutil.which("rankmeter", path=os.path.dirname(sys.executable)) or "rankmeter"
+    return {"trec_eval": [trec_eval, *TREC_ARGS, qrels, run], "rankmeter eval": [rankmeter, "eval", *TREC_ARGS, qrels, run]}
+
+
+def compare_commands(trec_eval: str, qrels: str, run: str, repeat: int) -> dict[str, float]:
+    cmds = commands(trec_eval, qrels, run)
+    outputs = {name: subprocess.run(cmd, capture_output=True, check=True).stdout for name, cmd in cmds.items()}
+    assert outputs["trec_eval"] == outputs["rankmeter eval"], outputs
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queries", type=int, default=10_000)
     ap.add_argument("--docs", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--trec-eval", metavar="PATH", help="a trec_eval binary to time against")
     args = ap.parse_args()
+    command_times: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         print(f"writing {args.queries} queries x {args.docs} documents ...", file=sys.stderr)
         qrels, run = write_files(tmp, args.queries, args.docs)
@@ -81,14 +111,24 @@ def main() -> int:
             times["pytrec_eval"].append(timed(pytrec_eval_eval, qrels, run)[0])
             print(f"round {i + 1}/{args.repeat}: rankmeter {times['rankmeter'][-1]:.2f} s, "
                   f"pytrec_eval {times['pytrec_eval'][-1]:.2f} s", file=sys.stderr)
+        if args.trec_eval:
+            command_times = compare_commands(args.trec_eval, qrels, run, args.repeat)
     ours_s, theirs_s = statistics.median(times["rankmeter"]), statistics.median(times["pytrec_eval"])
     print(f"queries={args.queries} docs_per_query={args.docs} measures={','.join(MEASURES)}")
     print(f"rankmeter_eval_seconds={ours_s:.3f}")
     print(f"pytrec_eval_seconds={theirs_s:.3f}")
     print(f"speedup_vs_pytrec_eval={theirs_s / ours_s:.2f}")
-    save("eval", {"queries": args.queries, "docs_per_query": args.docs, "repeat": args.repeat,
-                  "rankmeter_eval_seconds": ours_s, "pytrec_eval_seconds": theirs_s,
-                  "speedup_vs_pytrec_eval": theirs_s / ours_s})
+    result = {"queries": args.queries, "docs_per_query": args.docs, "repeat": args.repeat,
+              "rankmeter_eval_seconds": ours_s, "pytrec_eval_seconds": theirs_s,
+              "speedup_vs_pytrec_eval": theirs_s / ours_s}
+    if command_times:
+        ours_cmd, theirs_cmd = command_times["rankmeter eval"], command_times["trec_eval"]
+        print(f"rankmeter_eval_command_seconds={ours_cmd:.3f}")
+        print(f"trec_eval_command_seconds={theirs_cmd:.3f}")
+        print(f"speedup_vs_trec_eval={theirs_cmd / ours_cmd:.2f}")
+        result.update({"rankmeter_eval_command_seconds": ours_cmd, "trec_eval_command_seconds": theirs_cmd,
+                       "speedup_vs_trec_eval": theirs_cmd / ours_cmd})
+    save("eval", result)
     return 0
 
 

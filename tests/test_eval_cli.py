@@ -94,13 +94,19 @@ BAD_INPUTS = [
     (GOOD_QRELS, GOOD_RUN, ["-m", "Foo@3"], "unknown measure 'Foo@3'"),
     (GOOD_QRELS, GOOD_RUN, ["-m", "nDCG@0"], "the cut-off must be a whole number >= 1"),
     (b"q1 0 d1 1\nq1 0 \xff 1\n", GOOD_RUN, [], "qrels:2: not UTF-8 text (byte 6 of the line)"),
+    ("# a comment\nq1 0 d1 1 extra\n", GOOD_RUN, [], "qrels:2: expected 4 fields (qid iter docid grade), got 5"),
+    (GOOD_QRELS, "# run\nq1 Q0 d1 1 2.0 t and more\n q1 Q0 d2 2\n", [], "run:3: expected 6 fields"),
+    (GOOD_QRELS, GOOD_RUN, ["-m", "map", "-m", "nDCG@10"], "'nDCG@10' are not trec_eval names"),
+    (GOOD_QRELS, GOOD_RUN, ["-m", "binG"], "illegal measure 'binG': binG is not implemented yet"),
+    (GOOD_QRELS, GOOD_RUN, ["-R", "prefs"], "-R prefs: only -R qrels is supported"),
 ]
 
 
 @pytest.mark.parametrize("qrels, run, args, message", BAD_INPUTS, ids=[
     "short-qrels-line", "non-numeric-grade", "nan-grade", "judged-twice", "short-run-line",
     "non-numeric-score", "retrieved-twice", "no-common-query", "unknown-measure", "zero-cut-off",
-    "not-utf8"])
+    "not-utf8", "long-qrels-line", "short-run-line-after-comment", "mixed-names", "missing-measure",
+    "prefs-format"])
 def test_bad_input_is_one_line_exit_2(tmp_path, qrels, run, args, message):
     for name, content in (("qrels", qrels), ("run", run)):
         path = tmp_path / name
@@ -118,3 +124,76 @@ def test_missing_file_is_one_line_exit_2(tmp_path):
     (tmp_path / "run").write_text(GOOD_RUN)
     out = run_cli("eval", str(tmp_path / "nope.qrels"), str(tmp_path / "run"))
     assert (out.returncode, out.stderr) == (2, f"rankmeter eval: error: {tmp_path}/nope.qrels: no such file\n")
+
+
+def trec_lines(*rows: tuple[str, str, object]) -> str:
+    """trec_eval's `%-22s\t%s\t%6.4f` lines (`%ld` for ints)."""
+    return "".join(f"{m:<22}\t{q}\t{v if isinstance(v, (int, str)) else format(v, '6.4f')}\n" for m, q, v in rows)
+
+
+def test_comment_lines_and_trailing_fields_are_read_as_trec_eval_reads_them(tmp_path):
+    clean_q, clean_r = tmp_path / "q", tmp_path / "r"
+    clean_q.write_text("q1 0 d1 1\nq1 0 d2 0\nq1 0 d3 1\n")
+    clean_r.write_text("q1 Q0 d1 1 3 t\nq1 Q0 d2 2 2 t\nq1 Q0 d4 3 1 t\n")
+    odd_q, odd_r = tmp_path / "q2", tmp_path / "r2"
+    odd_q.write_text("# judged by\n# two comment lines\nq1 0 d1 1\nq1 0 d2 0\n# docno CR#93\nq1 0 d3 1")
+    odd_r.write_text("# a run\nq1 Q0 d1 1 3 t extra fields\n\n   # indented comment\nq1 Q0 d2 2 2 t x\n"
+                     "q1\tQ0\td4\t3\t1\tt\n")
+    want = run_cli("eval", "-q", "-m", "all_trec", str(clean_q), str(clean_r))
+    got = run_cli("eval", "-q", "-m", "all_trec", str(odd_q), str(odd_r))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout and "num_ret               \tq1\t3\n" in got.stdout
+    piped = subprocess.run([RANKMETER, "eval", "-q", "-m", "all_trec", str(odd_q), "-"], input=odd_r.read_text(),
+                           capture_output=True, text=True, timeout=120)
+    assert piped.stdout == want.stdout
+
+
+def tiny(tmp_path: Path) -> tuple[str, str]:
+    (tmp_path / "q").write_text("q1 0 d1 1\nq1 0 d2 0\nq1 0 d3 1\nq2 0 d1 1\n")
+    (tmp_path / "r").write_text("q1 Q0 d1 1 3 run-a\nq1 Q0 d2 2 2 run-a\nq1 Q0 d4 3 1 run-b\n")
+    return str(tmp_path / "q"), str(tmp_path / "r")
+
+
+def test_trec_eval_names_print_trec_eval_lines_in_its_order(tmp_path):
+    q, r = tiny(tmp_path)
+    # q1: d1 (rel), d2 (non-rel), d4 (unjudged); R = 2. AP = 1/2, P_5 = 1/5, P_10 = 1/10.
+    want = trec_lines(("num_ret", "q1", 3), ("map", "q1", 0.5), ("P_5", "q1", 0.2), ("P_10", "q1", 0.1),
+                      ("runid", "all", "run-b"),  # the last line's tag, as trec_eval's
+                      ("num_ret", "all", 3), ("map", "all", 0.5),
+                      ("P_5", "all", 0.2), ("P_10", "all", 0.1))
+    for measures in (["-m", "P.5,10", "-m", "map", "-m", "num_ret", "-m", "runid"],
+                     ["-m", "P_10", "-m", "runid", "-m", "P_5", "-m", "num_ret", "-m", "map"],
+                     ["-m", "P.10", "-m", "map", "-m", "P.5", "-m", "num_ret", "-m", "runid"]):
+        got = run_cli("eval", "-q", *measures, q, r)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == want, measures
+
+
+def test_trec_eval_flags(tmp_path):
+    q, r = tiny(tmp_path)
+    base = ["eval", "-m", "num_q", "-m", "num_ret", "-m", "map", "-m", "gm_map"]
+    # -c: q2 (judged, not retrieved) counts with 0 everywhere; gm_map takes it as 0.00001.
+    got = run_cli(*base, "-c", q, r).stdout
+    assert got == trec_lines(("num_q", "all", 2), ("num_ret", "all", 3), ("map", "all", 0.25),
+                             ("gm_map", "all", (0.5 * 0.00001) ** 0.5))
+    # -M 1: only d1; -J: d4 (unjudged) dropped; -n: no `all` lines.
+    assert run_cli(*base, "-M", "1", q, r).stdout == trec_lines(
+        ("num_q", "all", 1), ("num_ret", "all", 1), ("map", "all", 0.5), ("gm_map", "all", 0.5))
+    assert run_cli(*base, "-J", q, r).stdout.splitlines()[1] == trec_lines(("num_ret", "all", 2)).rstrip("\n")
+    assert run_cli(*base, "-q", "-n", q, r).stdout == trec_lines(("num_ret", "q1", 3), ("map", "q1", 0.5))
+    # Without -m: trec_eval's official set, starting with runid.
+    assert run_cli("eval", q, r).stdout.startswith("runid                 \tall\trun-b\nnum_q   ")
+
+
+def test_iprec_rounding_option(tmp_path):
+    # R = 4, relevant at ranks 1, 3, 6, 10: recall 0.6 is 2 relevant (lround) or 3 (legacy).
+    (tmp_path / "q").write_text("".join(f"q 0 d{i} 1\n" for i in (1, 3, 6, 10)))
+    (tmp_path / "r").write_text("".join(f"q Q0 d{i} {i} {20 - i} t\n" for i in range(1, 11)))
+    args = [str(tmp_path / "q"), str(tmp_path / "r")]
+    assert run_cli("eval", "-m", "iprec_at_recall.0.6", *args).stdout == trec_lines(
+        ("iprec_at_recall_0.60", "all", 2 / 3))
+    assert run_cli("eval", "-m", "iprec_at_recall.0.6", "--iprec-rounding", "legacy", *args).stdout == trec_lines(
+        ("iprec_at_recall_0.60", "all", 0.5))
+    assert run_cli("eval", "-m", "IPrec@0.6", *args).stdout == "IPrec@0.6\tall\t0.5000\n"
+    assert run_cli("eval", "-m", "IPrec@0.6", "--iprec-rounding", "lround", *args).stdout == \
+        "IPrec(rounding=lround)@0.6\tall\t0.6667\n"

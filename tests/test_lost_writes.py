@@ -382,7 +382,7 @@ def test_a_process_back_on_partition_0_with_older_memory_never_loosens_the_runni
         a.ab_look()
         now = parsed(store.running)
         assert a.experiments.running_lost == 0
-        assert [k for k, (p, lo, hi) in by_b.items() if now[k][0] > p or now[k][1] < lo or now[k][2] > hi] == []
+        assert [k for k, (p, lo, hi, *_) in by_b.items() if now[k][0] > p or now[k][1] < lo or now[k][2] > hi] == []
 
 
 def test_an_unreadable_stored_running_statistic_is_skipped_and_counted_not_a_crash():

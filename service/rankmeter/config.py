@@ -6,9 +6,10 @@ one line naming the setting (`ConfigError`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -115,9 +116,12 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     baseline: str = ""          # the control ranker; empty: no experiment
     split: dict[str, float] = {}  # expected traffic share per ranker (the sample-ratio check)
     alpha: float = 0.05
-    mixture_variance: float = 0.0  # τ² of the mSPRT mixture; 0: ab.stats.DEFAULT_TAU2
+    mixture_variance: float = 0.0  # τ² of the mSPRT mixture for every metric; 0: per metric, below
+    mixture_scale: float = 1e-3  # τ² as a multiple of each metric's per-query variance, fixed at its first look
     min_queries: int = 100      # per arm, before any statistic is exported
     start: str = ""             # epoch ms or RFC 3339: when traffic started going to the treatments
+    split_since: str = ""       # when the current split took effect (a ramp: a new phase); empty: start
+    interleaving_start: str = ""  # interleaved impressions before it are not counted; part of their identity
 
 
 class Alerts(msgspec.Struct, forbid_unknown_fields=True):
@@ -178,8 +182,17 @@ def time_ms(text: str) -> int:
     return int(datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def _naive(text: str) -> bool:
-    return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).tzinfo is None
+def _check_time(name: str, text: str, fail: Callable[[str, str], None]) -> None:
+    if not text:
+        return
+    try:
+        time_ms(text)
+    except ValueError:
+        fail(name, f"{text!r} is neither epoch milliseconds nor an RFC 3339 time")
+    if not text.strip().isdigit() and datetime.fromisoformat(text.strip().replace("Z", "+00:00")).tzinfo is None:
+        # Read in each host's local time, replicas in different zones would name
+        # different experiments; read as UTC, a running one would be renamed.
+        fail(name, f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00")
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -344,8 +357,10 @@ def _check(s: Settings) -> None:
             fail(f"limits.{name}", "must be at least 1")
     if not 0 < s.ab.alpha < 1:
         fail("ab.alpha", "must be between 0 and 1")
-    if s.ab.mixture_variance < 0:
-        fail("ab.mixture_variance", "must be >= 0")
+    if not (math.isfinite(s.ab.mixture_variance) and s.ab.mixture_variance >= 0):
+        fail("ab.mixture_variance", "must be a number >= 0 (0: per metric, ab.mixture_scale)")
+    if not (math.isfinite(s.ab.mixture_scale) and s.ab.mixture_scale > 0):
+        fail("ab.mixture_scale", "must be a number > 0")
     if s.ab.min_queries < 2:
         fail("ab.min_queries", "must be at least 2")
     if any(share <= 0 for share in s.ab.split.values()):
@@ -355,15 +370,10 @@ def _check(s: Settings) -> None:
         # partitions and replicas happen to see the first impression of a treatment.
         fail("ab.start", "required with ab.baseline: when traffic started going to the treatments "
                          "(epoch ms or RFC 3339)")
-    if s.ab.start:
-        try:
-            time_ms(s.ab.start)
-        except ValueError:
-            fail("ab.start", f"{s.ab.start!r} is neither epoch milliseconds nor an RFC 3339 time")
-        if not s.ab.start.strip().isdigit() and _naive(s.ab.start):
-            # Read in each host's local time, replicas in different zones would name
-            # different experiments; read as UTC, a running one would be renamed.
-            fail("ab.start", f"{s.ab.start!r} has no time zone: add Z (UTC) or an offset such as +01:00")
+    for name in ("start", "split_since", "interleaving_start"):
+        _check_time(f"ab.{name}", getattr(s.ab, name), fail)
+    if s.ab.split_since and (not s.ab.start or time_ms(s.ab.split_since) < time_ms(s.ab.start)):
+        fail("ab.split_since", "needs ab.start, and must not be before it")
     try:
         debiased = parse_all(s.debias.measures)
     except ValueError as e:

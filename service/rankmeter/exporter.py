@@ -258,12 +258,14 @@ class PipelineCollector:
             ("relative_delta", "Delta relative to the baseline's value."),
             ("ci_lower", "Lower bound of the always-valid confidence sequence for delta (mSPRT)."),
             ("ci_upper", "Upper bound of the always-valid confidence sequence for delta (mSPRT)."),
-            ("p_value", "Always-valid p-value for delta != 0 (mSPRT, running minimum): valid however often it is read."))}
+            ("p_value", "Always-valid p-value for delta != 0 (mSPRT, running minimum): valid however often it is read."),
+            ("mixture_variance", "The mSPRT mixture variance tau^2 the comparison is tested with, fixed at its "
+                                 "first look (ab.mixture_variance, or ab.mixture_scale times the metric's variance)."))}
         for c in result.comparisons:
             key = [c.metric, c.ranker, result.baseline, c.segment, c.average]
             for name, value in (("delta", c.estimate.delta), ("relative_delta", c.estimate.relative),
                                 ("ci_lower", c.running.ci_lower), ("ci_upper", c.running.ci_upper),
-                                ("p_value", c.running.p_value)):
+                                ("p_value", c.running.p_value), ("mixture_variance", c.tau2)):
                 if math.isfinite(value):
                     families[name].add_metric(key, value)
         yield from families.values()
@@ -280,7 +282,11 @@ class PipelineCollector:
                                 "cannot be trusted.", labels=["baseline", "segment"])
         for segment, p in result.srm.items():
             srm.add_metric([result.baseline, segment], p)
-        yield from (queries, judged, srm)
+        info = GaugeMetricFamily("rankmeter_ab_experiment_info", "The experiment exported: its name, and its "
+                                 "phase's split and start (ms): a ramp is a new phase, a new experiment.",
+                                 labels=["experiment", "baseline", "split", "since"])
+        info.add_metric([result.experiment, result.baseline, result.split, str(result.since_ms)], 1)
+        yield from (queries, judged, srm, info)
 
 
 def click_fit_metrics(look: Look) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
                                     a record names its index), layout:<fp> (descriptions),
                                     watermark:<topic>
     P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
+    P:ab:definition:<exp>  string   the measures the experiment's sums hold (JSON list), set once
     P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
     P:ab:looks:<exp>       list     one JSON line per minute: the experiment's history
     P:labels:<kind>:seen   zset     label values admitted (rankers, segments) -> last use (ms)
@@ -170,8 +171,7 @@ class RedisStore:
         # On a cluster SCAN must visit every master (redis-py's default for SCAN, named here).
         keys = (self.client.scan_iter(match=pattern, target_nodes=RedisCluster.PRIMARIES) if self.cluster
                 else self.client.scan_iter(match=pattern))
-        found = {int(key.decode().split(":")[-2].rstrip("}")) for key in keys}
-        return sorted(found)
+        return sorted({int(key.decode().split(":")[-2].rstrip("}")) for key in keys})
 
     def claim(self, partition: int) -> PartitionSnapshot:
         return self._snapshot(partition, claim=True)
@@ -199,9 +199,8 @@ class RedisStore:
             self._repair_epoch(keys=[self._key(partition, "meta")], args=[int(time.time() * 1000)])
             snapshot = self._snapshot(partition, claim, repaired=True)
             return snapshot._replace(unreadable=(("epoch", "epoch", error[:100]), *snapshot.unreadable))
-        for result in (offsets, meta, buckets, ab):
-            if isinstance(result, Exception):
-                raise result
+        if failed := next((r for r in (offsets, meta, buckets, ab) if isinstance(r, Exception)), None):
+            raise failed
         meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in meta.items()}
         unreadable = []
         # An offset that cannot be read: none is trusted (resuming one topic from 0 would
@@ -323,6 +322,14 @@ class RedisStore:
     def load_running(self, experiment: str) -> dict[str, str]:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")
         return {k.decode(): v.decode() for k, v in found.items()}
+
+    def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
+        key, pipe = f"{self.prefix}:ab:definition:{experiment}", self.client.pipeline(transaction=True)
+        try:  # SETNX (SET with `replace`: of any type) then GET, one transaction (any Redis version)
+            stored = (pipe.set(key, definition) if replace else pipe.setnx(key, definition)).get(key).execute()[1]
+        except redis.ResponseError:  # not a string (WRONGTYPE), or a read-only replica: nothing readable
+            return ""
+        return "" if stored is None else stored.decode(errors="replace")
 
     def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         if not running:

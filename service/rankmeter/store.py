@@ -116,6 +116,11 @@ class Store(Protocol):
 
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
+    def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
+        """The experiment's stored definition (the measures its sums hold): `definition`
+        if none was stored (or with `replace`), stored then; else the stored one, which the
+        first replica to define it chose. "" when what is stored is no text."""
+
     def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
         """The experiment's history (for `rankmeter report --ab --html`): the last `keep`.
         With `epoch` (the writer's claim of partition 0, whose holder writes the statistics),
@@ -174,6 +179,7 @@ class MemoryStore:
         self.buckets: dict[int, dict[str, bytes]] = {}
         self.ab: dict[int, dict[str, bytes]] = {}
         self.running: dict[str, dict[str, str]] = {}
+        self.definitions: dict[str, str] = {}
         self.history: dict[str, list[str]] = {}
         self.labels: dict[str, dict[str, int]] = {}
 
@@ -251,6 +257,11 @@ class MemoryStore:
 
     def load_running(self, experiment: str) -> dict[str, str]:
         return dict(self.running.get(experiment, {}))
+
+    def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
+        if replace:
+            self.definitions[experiment] = definition
+        return self.definitions.setdefault(experiment, definition)
 
     def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         if not self._owner(0, epoch):

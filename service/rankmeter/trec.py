@@ -1,5 +1,13 @@
 """TREC file formats: qrels (`qid iter docid grade`) and runs (`qid Q0 docid rank score tag`).
 
+Read as trec_eval 10 reads them (its get_qrels.c and get_trec_results.c):
+- qrels: a line starting with `#` is a comment; every other line has exactly 4 fields.
+  (trec_eval skips only the first of two consecutive comment lines and rejects blank
+  lines; both are accepted here.)
+- runs: blank lines and lines whose first field starts with `#` are skipped; a line has
+  at least 6 fields, and anything after the 6th (the tag) is ignored. The run id is the
+  tag of the last line, as trec_eval prints it for `runid`.
+- `-` as the run's path is standard input.
 Problems are raised as `InputError` naming the file and line, for a one-line message.
 """
 
@@ -23,12 +31,17 @@ def rank(scores: Mapping[str, float]) -> list[str]:
     return [doc for _, doc in sorted(zip(scores.values(), scores.keys()), reverse=True)]
 
 
-def _lines(path: str) -> list[str]:
+def _lines(path: str) -> tuple[list[str], bool]:
     """The file's lines. Read whole: a million-line run is ~50 MB, and one decode and one
-    split are several times faster than line-by-line reading."""
+    split are several times faster than line-by-line reading. The flag: whether any line
+    can be a comment (one scan of the text, so clean files skip the per-line check)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if path == "-":
+            import sys
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except IsADirectoryError:
@@ -41,19 +54,26 @@ def _lines(path: str) -> list[str]:
         line_no = data.count(b"\n", 0, e.start) + 1
         column = e.start - data.rfind(b"\n", 0, e.start)
         raise InputError(path, line_no, f"not UTF-8 text (byte {column} of the line)") from None
-    return text.split("\n")
+    return text.split("\n"), "#" in text
 
 
-def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, repeated: str
-          ) -> dict[str, dict[str, float]]:
-    """{qid: {docid: value}} from whitespace-separated lines.
+class Table(dict):
+    """{qid: {docid: value}}, plus the tag of the file's last line (a run's id)."""
+    last_tag: str = ""
+
+
+def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, repeated: str,
+          comment_anywhere: bool) -> Table:
+    """{qid: {docid: value}} from whitespace-separated lines: exactly `columns`' fields
+    when `comment_anywhere` is false (qrels, `#` comments in the first column only), at
+    least as many otherwise (runs, `#` after leading blanks too, trailing fields ignored).
 
     This loop is the hot path of `rankmeter eval`: a query's consecutive lines are
     collected as strings and turned into one dict with C-level `zip`/`map(float)`, and
     the checks that need a line number (`_locate`) run only once something is wrong."""
     width = len(columns.split())
-    lines = _lines(path)
-    table: dict[str, dict[str, float]] = {}
+    lines, hashes = _lines(path)
+    table = Table()
 
     def flush(qid: str, first: int, docs: list[str], values: list[str]) -> None:
         try:
@@ -69,13 +89,17 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
         else:  # the query's lines were not consecutive
             known.update(parsed)
 
-    qid, first, docs, values = None, 0, [], []
+    qid, first, docs, values, last = None, 0, [], [], None
     for index, line in enumerate(lines):
         fields = line.split()
         if len(fields) != width:
-            if not fields:
+            if not fields or _comment(line, fields, comment_anywhere):
                 continue
-            raise InputError(path, index + 1, f"expected {width} fields ({columns}), got {len(fields)}")
+            if not comment_anywhere or len(fields) < width:  # a run's extra fields are ignored
+                raise InputError(path, index + 1, f"expected {width} fields ({columns}), got {len(fields)}")
+        elif hashes and _comment(line, fields, comment_anywhere):
+            continue
+        last = fields
         if fields[0] != qid:
             if qid is not None:
                 flush(qid, first, docs, values)
@@ -84,7 +108,13 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
         values.append(fields[value_field])
     if qid is not None:
         flush(qid, first, docs, values)
+    if last is not None:
+        table.last_tag = last[width - 1]
     return table
+
+
+def _comment(line: str, fields: list[str], anywhere: bool) -> bool:
+    return fields[0][0] == "#" if anywhere else line[:1] == "#"
 
 
 def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, float],
@@ -93,7 +123,7 @@ def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, 
     seen = set(known)
     for index in range(first, len(lines)):
         fields = lines[index].split()
-        if not fields:
+        if not fields or fields[0][0] == "#":
             continue
         if fields[0] != qid:
             break
@@ -109,12 +139,12 @@ def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, 
         seen.add(doc)
 
 
-def read_qrels(path: str) -> dict[str, dict[str, float]]:
+def read_qrels(path: str) -> Table:
     """`qid iter docid grade` per line -> {qid: {docid: grade}}."""
-    return _read(path, "qid iter docid grade", 2, 3, "grade", "judged twice")
+    return _read(path, "qid iter docid grade", 2, 3, "grade", "judged twice", False)
 
 
-def read_run(path: str) -> dict[str, dict[str, float]]:
-    """`qid Q0 docid rank score tag` per line -> {qid: {docid: score}}.
-    A document listed twice for a query is an error, as in trec_eval."""
-    return _read(path, "qid Q0 docid rank score tag", 2, 4, "score", "retrieved twice")
+def read_run(path: str) -> Table:
+    """`qid Q0 docid rank score tag [anything]` per line -> {qid: {docid: score}}, with
+    `last_tag` the run id. A document listed twice for a query is an error, as in trec_eval."""
+    return _read(path, "qid Q0 docid rank score tag", 2, 4, "score", "retrieved twice", True)

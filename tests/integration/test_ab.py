@@ -26,11 +26,11 @@ SEGMENTS = ("desktop", "mobile")
 QUALITY = ("nDCG@10", "P@10", "AP", "RR", "R@10")    # evaluation.measures' default
 ONLINE = ("CTR", "Abandonment", "Clicks", "FirstClickRank")  # always measured
 MEASURES = QUALITY + ONLINE
-ALPHA, TAU2 = 0.05, 1e-4                            # ab.alpha's and ab.mixture_variance's defaults
+ALPHA, SCALE = 0.05, 1e-3                           # ab.alpha's and ab.mixture_scale's defaults
 SRM_CONCENTRATION = 100.0                           # the SRM test's Dirichlet prior: k·split
 GRADES = {"click": 1, "long_click": 2, "add_to_cart": 2, "purchase": 3}
 AB_LOOK_S = 5.0                                     # serve looks at the experiment this often
-FAMILIES = ("delta", "relative_delta", "ci_lower", "ci_upper", "p_value")
+FAMILIES = ("delta", "relative_delta", "ci_lower", "ci_upper", "p_value", "mixture_variance")
 
 
 # ---- the stream and what it should give ---------------------------------------------
@@ -152,13 +152,13 @@ def ratio_and_variance(y: np.ndarray, z: np.ndarray) -> tuple[float, float]:
     return float(r), float((cov[0, 0] - 2 * r * cov[0, 1] + r * r * cov[1, 1]) / (len(y) * z.mean() ** 2))
 
 
-def msprt(delta: float, v: float) -> tuple[float, float, float]:
+def msprt(delta: float, v: float, tau2: float) -> tuple[float, float, float, float]:
     """Λ = √(V/(V+τ²))·exp(τ²θ̂²/(2V(V+τ²))); p = min(1, 1/Λ);
-    CS θ̂ ± √(V(V+τ²)/τ² · (2 ln(1/α) + ln((V+τ²)/V)))."""
-    log_lambda = 0.5 * math.log(v / (v + TAU2)) + TAU2 * delta ** 2 / (2 * v * (v + TAU2))
+    CS θ̂ ± √(V(V+τ²)/τ² · (2 ln(1/α) + ln((V+τ²)/V))); and τ² itself."""
+    log_lambda = 0.5 * math.log(v / (v + tau2)) + tau2 * delta ** 2 / (2 * v * (v + tau2))
     p = min(1.0, math.exp(-log_lambda))
-    radius = math.sqrt(v * (v + TAU2) / TAU2 * (2 * math.log(1 / ALPHA) + math.log((v + TAU2) / v)))
-    return p, delta - radius, delta + radius
+    radius = math.sqrt(v * (v + tau2) / tau2 * (2 * math.log(1 / ALPHA) + math.log((v + tau2) / v)))
+    return p, delta - radius, delta + radius, tau2
 
 
 def srm_p(counts: list[float], split: list[float]) -> float:
@@ -170,22 +170,28 @@ def srm_p(counts: list[float], split: list[float]) -> float:
     return float(min(1.0, math.exp(-log_bf)))
 
 
-def expected(truth, start: int, split: dict[str, float]) -> dict:
-    """Final-look statistics per (metric, segment, average) and the arms and SRM per segment."""
+def expected(truth, start: int, split: dict[str, float], tau2: float | None = None) -> dict:
+    """Final-look statistics per (metric, segment, average) and the arms and SRM per segment.
+    τ²: `tau2`, else per metric (ab.mixture_scale times the per-query variance of both arms
+    as one sample; of the pooled ratio's linearisation for micro), as a first look at the
+    whole stream fixes it."""
     data = arms(truth, start)
     out = {"comparisons": {}, "arms": {}, "srm": {}}
     for segment in SEGMENTS:
         t, b = data[(NEW, segment)], data[(BASE, segment)]
         for measure in MEASURES:
             delta, relative, v = welch(t.value[measure], b.value[measure])
-            out["comparisons"][(measure, segment, "macro")] = (delta, relative, v, *msprt(delta, v))
+            pooled = np.var(np.concatenate([t.value[measure], b.value[measure]]), ddof=1)
+            out["comparisons"][(measure, segment, "macro")] = (delta, relative, v,
+                                                               *msprt(delta, v, tau2 or SCALE * pooled))
             (r_t, v_t), (r_b, v_b) = (ratio_and_variance(a.num[measure], a.den[measure]) for a in (t, b))
             n_t, n_b = len(t.num[measure]), len(b.num[measure])
             both = ratio_and_variance(np.concatenate([t.num[measure], b.num[measure]]),
                                       np.concatenate([t.den[measure], b.den[measure]]))[1]
             v = max(v_t + v_b, (n_t + n_b) * both * (1 / n_t + 1 / n_b))
             delta = r_t - r_b
-            out["comparisons"][(measure, segment, "micro")] = (delta, delta / r_b, v, *msprt(delta, v))
+            out["comparisons"][(measure, segment, "micro")] = (delta, delta / r_b, v,
+                                                               *msprt(delta, v, tau2 or SCALE * (n_t + n_b) * both))
         for ranker, arm in ((BASE, b), (NEW, t)):
             out["arms"][(ranker, segment)] = (arm.queries, arm.judged / arm.queries)
         out["srm"][segment] = srm_p([data[(r, segment)].queries for r in split], list(split.values()))
@@ -251,7 +257,7 @@ def check_exact_quantities(series: dict, want: dict) -> dict:
     alone: equal to the final look's. Returns the exported comparisons."""
     got = comparison_values(series)
     assert set(got) == set(want["comparisons"]), sorted(set(got) ^ set(want["comparisons"]))
-    for key, (delta, relative, _, _, _, _) in want["comparisons"].items():
+    for key, (delta, relative, *_) in want["comparisons"].items():
         assert set(got[key]) == set(FAMILIES), key
         assert got[key]["delta"] == pytest.approx(delta, rel=1e-9, abs=1e-12), key
         assert got[key]["relative_delta"] == pytest.approx(relative, rel=1e-9, abs=1e-12), key
@@ -313,7 +319,8 @@ def test_ab_series_equal_an_independent_computation_and_survive_a_restart(kafka_
             serve.stop()
 
     got = check_exact_quantities(runs[0], want)
-    for key, (delta, _, _, p, lower, upper) in want["comparisons"].items():
+    for key, (delta, _, _, p, lower, upper, tau2) in want["comparisons"].items():
+        assert got[key]["mixture_variance"] == pytest.approx(tau2, rel=1e-9), key   # τ² per metric
         assert got[key]["p_value"] == pytest.approx(p, rel=1e-9), key
         assert got[key]["ci_lower"] == pytest.approx(lower, rel=1e-9, abs=1e-12), key
         assert got[key]["ci_upper"] == pytest.approx(upper, rel=1e-9, abs=1e-12), key
@@ -335,7 +342,8 @@ def test_skewed_split_fires_srm_and_only_the_replica_with_partition_0_exports(ka
     start = now - 300_000
     impressions, feedback, truth = experiment_stream(47, 3000, now, start, new_every=(2, 5))
     split = {BASE: 0.5, NEW: 0.5}
-    want = expected(truth, start, split)
+    # One τ² for every metric: looks along the way would fix a per-metric one on partial data.
+    want = expected(truth, start, split, tau2=1e-4)
     assert all(p < 1e-6 for p in want["srm"].values())
 
     topics = unique_topics(kafka_bootstrap)
@@ -343,7 +351,7 @@ def test_skewed_split_fires_srm_and_only_the_replica_with_partition_0_exports(ka
     produce(kafka_bootstrap, topics.feedback, feedback)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
-           "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50",
+           "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_MIXTURE_VARIANCE": "1e-4",
            "RANKMETER_KAFKA_MAX_POLL_RECORDS": "200"}  # many batches: many looks along the way
     replicas = [Serve(kafka_bootstrap, redis_url, topics, group, prefix, env,
                       log_path=tmp_path / f"replica-{i}.log").start() for i in range(2)]
@@ -363,7 +371,8 @@ def test_skewed_split_fires_srm_and_only_the_replica_with_partition_0_exports(ka
     exporting = [s for s in series if s]
     assert len(exporting) == 1
     got = check_exact_quantities(exporting[0], want)
-    for key, (delta, _, _, p, lower, upper) in want["comparisons"].items():
+    for key, (delta, _, _, p, lower, upper, _) in want["comparisons"].items():
+        assert got[key]["mixture_variance"] == 1e-4, key
         assert 0 < got[key]["p_value"] <= p * (1 + 1e-9), key
         assert lower - 1e-12 <= got[key]["ci_lower"] <= got[key]["ci_upper"] <= upper + 1e-12, key
     srm = srm_values(exporting[0])

@@ -6,6 +6,12 @@ updates what persists between looks (`Running`: the running minimum p-value and 
 intersection of the confidence sequence), so the statistics stay valid however often
 someone looks. Nothing is computed for a comparison until both arms have
 `ab.min_queries` queries: a plug-in variance from a handful is unreliable.
+
+The mixture variance τ² of each comparison is fixed at its first look and kept with its
+running statistics: `ab.mixture_variance` when set, else `ab.mixture_scale` times the
+metric's per-query variance under the null (both arms as one sample) at that look, so a
+rank or count metric is tested at the same relative effect as nDCG. It is never
+re-estimated as the experiment runs (only if its stored statistics were lost).
 """
 
 from __future__ import annotations
@@ -17,10 +23,9 @@ from typing import NamedTuple
 import numpy as np
 
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.stats import (DEFAULT_TAU2, INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference,
-                                msprt, preference, ratio_difference, srm_p_value, update)
+from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference, msprt,
+                                preference, ratio_difference, srm_p_value, unit_variance, update)
 from rankmeter.config import AB
-from rankmeter.windows import Layout
 
 
 class Comparison(NamedTuple):
@@ -30,6 +35,7 @@ class Comparison(NamedTuple):
     average: str          # macro or micro
     estimate: Estimate
     running: Running      # always-valid p and confidence sequence, as of this look
+    tau2: float = math.nan  # the mixture variance it is tested with, fixed at its first look
 
 
 class ArmView(NamedTuple):
@@ -45,21 +51,24 @@ class Look(NamedTuple):
     arms: list[ArmView]
     comparisons: list[Comparison]
     srm: dict[str, float]  # segment -> always-valid SRM p-value (running minimum)
+    split: str = "-"       # the phase: its split (identity.split_text) and since when (ms)
+    since_ms: int = 0
+    notes: tuple[str, ...] = ()  # what the reader must know (measures not compared, a split changed in place)
 
 
-def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray], layout: Layout,
-         settings: AB, running: Mapping[str, str]) -> tuple[Look, dict[str, str]]:
-    """`vectors`: (ranker, segment) -> the arm's summed vector over every partition.
+def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
+         names: list[str | None], settings: AB, running: Mapping[str, str]) -> tuple[Look, dict[str, str]]:
+    """`vectors`: (ranker, segment) -> the arm's summed vector over every partition;
+    `names`: the measure of each slot of the experiment's definition (None: not compared).
     `running`: what earlier looks kept; returns the look and what to keep now."""
-    tau2 = settings.mixture_variance or DEFAULT_TAU2
-    arms = {key: ab_sums.arm(v, layout) for key, v in vectors.items()}
+    arms = {key: ab_sums.arm(v, names) for key, v in vectors.items()}
     kept: dict[str, str] = {}
     comparisons = []
     for (ranker, segment), arm in sorted(arms.items()):
         control = arms.get((baseline, segment))
         if ranker == baseline or control is None:
             continue
-        for metric in layout.names:
+        for metric in [n for n in names if n is not None]:
             for average in ("macro", "micro"):
                 if average == "macro":
                     t, c = arm.means[metric], control.means[metric]
@@ -71,10 +80,14 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
                     continue
                 key = "\x1f".join((metric, ranker, segment, average))
-                before = _decode(running.get(key))
+                before, tau2 = _decode(running.get(key)), _tau2(running.get(key))
+                if tau2 is None:
+                    tau2 = settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
+                if not (math.isfinite(tau2) and tau2 > 0):
+                    continue  # no variance yet (a rare event not seen): not fixed, not tested
                 now = update(before, msprt(estimate, tau2, settings.alpha))
-                kept[key] = _encode(now)
-                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now))
+                kept[key] = _encode(now, tau2)
+                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2))
     srm = {}
     if settings.split:
         shares = settings.split
@@ -119,27 +132,38 @@ def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settin
     return out, kept
 
 
-def _encode(r: Running) -> str:
-    return f"{r.p_value!r} {r.ci_lower!r} {r.ci_upper!r}"
+def _encode(r: Running, tau2: float | None = None) -> str:
+    text = f"{r.p_value!r} {r.ci_lower!r} {r.ci_upper!r}"
+    return text if tau2 is None else f"{text} {tau2!r}"
 
 
 def _decode(text: str | None) -> Running:
     if not text or not readable(text):
         return Running()
-    p, lo, hi = (float(x) for x in text.split())
+    p, lo, hi = (float(x) for x in text.split()[:3])
     return Running(p, lo, hi)
 
 
+def _tau2(text: str | None) -> float | None:
+    """The mixture variance a comparison was fixed with (a fourth number), else None."""
+    parts = text.split() if text and readable(text) else []
+    return float(parts[3]) if len(parts) == 4 else None
+
+
 def readable(text: str) -> bool:
-    """Whether a stored running value is three numbers (else: skipped, as none)."""
+    """Whether a stored running value is three numbers, or four with a positive τ² (else:
+    skipped, as none)."""
     try:
-        p, lo, hi = (float(x) for x in text.split())
+        numbers = [float(x) for x in text.split()]
     except ValueError:
         return False
-    return not any(math.isnan(x) for x in (p, lo, hi))
+    return (len(numbers) == 3 or len(numbers) == 4 and numbers[3] > 0 and math.isfinite(numbers[3])) \
+        and not any(math.isnan(x) for x in numbers)
 
 
 def tighter(a: str | None, b: str | None) -> str:
     """Two records of the same running statistics combined as one more look would: the
-    smaller p, the narrower sequence. Whatever each holds, the result never loosens either."""
-    return _encode(update(_decode(a), Sequential(*_decode(b))))
+    smaller p, the narrower sequence, and the τ² the first was fixed with (else the
+    second's). Whatever each holds, the result never loosens either."""
+    tau2 = _tau2(a) if _tau2(a) is not None else _tau2(b)
+    return _encode(update(_decode(a), Sequential(*_decode(b))), tau2)

@@ -61,6 +61,7 @@ __all__ = [
     "srm_log_bayes_factor",
     "srm_p_value",
     "srm_update",
+    "unit_variance",
     "update",
 ]
 
@@ -226,6 +227,20 @@ def ratio_difference(treatment: RatioSums, baseline: RatioSums) -> Estimate:
     pooled = both.n * _ratio_and_variance(both)[1] * (1.0 / t.n + 1.0 / b.n)
     delta = r_t - r_b
     return Estimate(delta, _relative(delta, r_b), max(v_t + v_b, pooled))
+
+
+def unit_variance(treatment: MeanSums | RatioSums, baseline: MeanSums | RatioSums) -> float:
+    """The variance of one unit's value, both arms taken as one sample (the null's):
+    s² for a mean, n·Var(R) of the pooled ratio for a ratio (its linearisation,
+    (y − R·z)/z̄). It scales the mixture τ² to each metric (`ab.mixture_scale`). nan
+    with fewer than 2 units or Σz = 0."""
+    n = treatment.n + baseline.n
+    if n < 2:
+        return nan
+    if isinstance(treatment, MeanSums):
+        return _sample_variance(n, treatment.sum_x + baseline.sum_x, treatment.sum_x2 + baseline.sum_x2)
+    both = RatioSums(*(x + y for x, y in zip(treatment, baseline)))
+    return n * _ratio_and_variance(both)[1] if both.sum_z != 0.0 else nan
 
 
 def _log_lambda(theta: float, v: float, tau2: float) -> float:

@@ -10,8 +10,10 @@ so the population is not chosen by the outcome. Per measure, an arm's vector hol
 (x the per-query value, y and z its numerator and denominator: the delta method for
 micro averages needs the last five), then the arm's query counts, all and judged. Like
 window buckets they move by deltas when feedback changes a query, persist in the
-partition's checkpoint and add up across partitions and replicas. An experiment is tied
-to the layout of its measures: a configuration change starts a new one.
+partition's checkpoint and add up across partitions and replicas. Which measures a
+vector holds, in order, is the experiment's definition (ab/identity.py), fixed when it
+began: a release or configuration that computes other measures maps its columns onto it
+(`columns`), and a measure the definition lacks is not in this experiment.
 """
 
 from __future__ import annotations
@@ -26,22 +28,34 @@ from rankmeter.windows import Layout
 SLOTS = 8
 
 
-def size(layout: Layout) -> int:
-    return SLOTS * len(layout.ids) + 2
+def size(measures: int) -> int:
+    return SLOTS * measures + 2
 
 
-def contributions(layout: Layout, values: np.ndarray, nums: np.ndarray, dens: np.ndarray,
-                  judged: np.ndarray) -> np.ndarray:
-    """[Q, size] vectors from per-query [Q, M] values, numerators and denominators. A value
-    that is undefined even by trec_eval's convention (AUC without both classes, the first
-    click rank without a click) leaves the query out of that measure."""
-    q, m = values.shape
+def columns(definition: list[str], layout: Layout) -> list[int | None]:
+    """For each measure of the definition, its column in this configuration's layout
+    (None: not computed here; its sums stay as they are)."""
+    where = {i: c for c, i in enumerate(layout.ids)}
+    return [where.get(i) for i in definition]
+
+
+def contributions(columns: list[int | None], values: np.ndarray, nums: np.ndarray, dens: np.ndarray,
+                  judged: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """[Q, size] vectors from per-query [Q, M] values, numerators and denominators (M
+    the layout's columns), placed as the definition says; a measure the layout does not
+    compute keeps each query's `old` contribution. A value that is undefined even by
+    trec_eval's convention (AUC without both classes, the first click rank without a
+    click) leaves the query out of that measure."""
+    q, m = len(values), len(columns)
+    placed = [k for k, c in enumerate(columns) if c is not None]
+    source = [c for c in columns if c is not None]
+    values, nums, dens = values[:, source], nums[:, source], dens[:, source]
     counted = ~np.isnan(values)
     x, y, z = (np.where(counted, a, 0.0) for a in (values, nums, dens))
-    out = np.zeros((q, size(layout)))
+    out = old.copy()
     sums = out[:, :SLOTS * m].reshape(q, m, SLOTS)
     for k, column in enumerate((counted, x, x * x, y, z, y * y, z * z, y * z)):
-        sums[:, :, k] = column
+        sums[:, placed, k] = column
     out[:, -2] = 1.0
     out[:, -1] = judged
     return out
@@ -54,9 +68,13 @@ class Arm(NamedTuple):
     ratios: dict[str, RatioSums]  # measure -> micro sums
 
 
-def arm(vector: np.ndarray, layout: Layout) -> Arm:
+def arm(vector: np.ndarray, names: list[str | None]) -> Arm:
+    """The arm's sums by measure name; `names` per slot of the definition (None: a
+    measure this configuration does not compute, left out)."""
     means, ratios = {}, {}
-    for c, name in enumerate(layout.names):
+    for c, name in enumerate(names):
+        if name is None:
+            continue
         n, sx, sx2, sy, sz, sy2, sz2, syz = vector[SLOTS * c:SLOTS * (c + 1)].tolist()
         means[name] = MeanSums(n, sx, sx2)
         ratios[name] = RatioSums(n, sy, sz, sy2, sz2, syz)

@@ -24,7 +24,9 @@ class Batch(NamedTuple):
     length: np.ndarray      # [Q] int: number of documents shown
     ideal: np.ndarray       # [Q, M] float: every known positive grade, descending, 0-padded
     num_rel: np.ndarray     # [Q] int: R, relevant documents known (shown or not)
-    num_nonrel: np.ndarray  # [Q] int: judged non-relevant documents known (shown or not)
+    num_nonrel: np.ndarray  # [Q] int: judged non-relevant documents known (grade >= 0, shown or not)
+    # A negative grade (trec_eval's -1 / "pooled, not judged") is judged here but in
+    # neither class: `judged_nonrel` below, bpref, infAP and unj tell it apart.
 
     @property
     def size(self) -> int:
@@ -33,6 +35,16 @@ class Batch(NamedTuple):
     @property
     def width(self) -> int:
         return self.grades.shape[1]
+
+    @property
+    def judged_nonrel(self) -> np.ndarray:
+        """[Q, N] bool: judged with a grade >= 0 and below the relevance level."""
+        return self.judged & ~self.rel & (self.grades >= 0)
+
+    @property
+    def shown(self) -> np.ndarray:
+        """[Q, N] bool: the cell holds a shown document (not padding)."""
+        return np.arange(self.width) < self.length[:, None]
 
 
 def stack(states: Sequence[QueryState]) -> Batch:
@@ -103,4 +115,5 @@ def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping
     ideal_row, ideal_grade = known_row[positive], known[positive]
     ideal[np.arange(ideal_width) < ideal_length[:, None]] = ideal_grade[np.lexsort((-ideal_grade, ideal_row))]
     rel = judged & (graded >= relevance_level)
-    return Batch(graded, judged, rel, length, ideal, num_rel, known_length - num_rel)
+    num_pooled = np.bincount(known_row[known < 0], minlength=q)
+    return Batch(graded, judged, rel, length, ideal, num_rel, known_length - num_rel - num_pooled)

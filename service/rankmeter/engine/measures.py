@@ -42,6 +42,7 @@ class Family(NamedTuple):
 FAMILIES: dict[str, Family] = {}
 ALIASES = {"P": "SetP", "R": "SetR", "F1": "SetF"}  # only when written without a cut-off
 RECALL_POINTS = tuple(i / 10 for i in range(11))
+NUMERIC_PARAMS = {"p", "p1", "p2", "p3", "p4", "N"}  # parameters of measures_trec.py's families
 
 
 def register(fam: Family) -> None:
@@ -189,34 +190,46 @@ def bpref(b: Batch) -> Ratio:
     documents above it, at most R) / min(judged non-relevant, R); summed over R.
     Unjudged documents are ignored. trec_eval `bpref` (m_bpref.c); Buckley & Voorhees,
     SIGIR 2004."""
-    nonrel_above = np.cumsum(b.judged & ~b.rel, axis=1)
+    nonrel_above = np.cumsum(b.judged_nonrel, axis=1)
     r = b.num_rel[:, None]
     norm = np.maximum(np.minimum(b.num_nonrel, b.num_rel), 1)[:, None]
     term = np.where(nonrel_above > 0, 1.0 - np.minimum(nonrel_above, r) / norm, 1.0)
     return Ratio(_rowsum(np.where(b.rel, term, 0.0)), b.num_rel.astype(float))
 
 
-def _interpolated_precision(b: Batch, point: float) -> np.ndarray:
+def _relevant_needed(point: float, num_rel: np.ndarray, rounding: str) -> np.ndarray:
+    """The recall point as a count of relevant documents, in doubles as trec_eval does:
+    `legacy` is (long)(point·R + 0.9), trec_eval 9's and pytrec_eval's; `lround` is
+    trec_eval 10's lround(point·R) (halves away from zero; its CHANGELOG, 10.0)."""
+    x = point * num_rel
+    if rounding == "legacy":
+        return np.floor(x + 0.9)
+    if rounding == "lround":
+        down = np.floor(x)
+        return np.where(x - down >= 0.5, down + 1.0, down)
+    raise ValueError(f"rounding must be legacy or lround, not {rounding!r}")
+
+
+def _interpolated_precision(b: Batch, point: float, rounding: str) -> np.ndarray:
     cum, prec = _precision_at_ranks(b)
-    # trec_eval turns the recall point into a count of relevant documents, rounding as
-    # (long)(point·R + 0.9) in doubles, and takes the best precision at or below the rank
-    # where that count is reached (a count of 0 means any rank).
-    needed = np.floor(point * b.num_rel + 0.9)[:, None]
-    reached = cum >= needed
+    # The best precision at or below the rank where the needed count of relevant
+    # documents is reached (a count of 0 means any rank; never reached: 0).
+    reached = cum >= _relevant_needed(point, b.num_rel, rounding)[:, None]
     return np.where(reached, prec, 0.0).max(axis=1)
 
 
-@family("IPrec", cutoff="optional", cutoff_type=float)
-def interpolated_precision(b: Batch, cutoff: float | None) -> Ratio:
+@family("IPrec", cutoff="optional", cutoff_type=float, params={"rounding": "legacy"})
+def interpolated_precision(b: Batch, cutoff: float | None, rounding: str) -> Ratio:
     """Interpolated precision at recall r: the highest precision at any rank whose recall
     reaches r (0 if the list never does). Without r: the mean over the 11 points 0.0,
-    0.1, …, 1.0.
-    trec_eval `iprec_at_recall_r` and `11pt_avg` (m_iprec_at_recall.c)."""
+    0.1, …, 1.0. `rounding` turns r into a count of relevant documents: `legacy`
+    (pytrec_eval, trec_eval <= 9, the default) or `lround` (trec_eval 10).
+    trec_eval `iprec_at_recall_r` and `11pt_avg` (m_iprec_at_recall.c, m_11pt_avg.c)."""
     if cutoff is not None:
-        return Ratio(_interpolated_precision(b, cutoff), _ones(b))
+        return Ratio(_interpolated_precision(b, cutoff, rounding), _ones(b))
     total = np.zeros(b.size)
     for point in RECALL_POINTS:
-        total += _interpolated_precision(b, point)
+        total += _interpolated_precision(b, point, rounding)
     return Ratio(total / len(RECALL_POINTS), _ones(b))
 
 
@@ -231,7 +244,7 @@ def auc(b: Batch) -> Ratio:
     """ROC AUC over the judged documents of the list: the share of (relevant, judged
     non-relevant) pairs in which the relevant one ranks higher. Undefined (NaN, left
     out of averages) when either class is empty. Hanley & McNeil, Radiology 1982."""
-    nonrel = b.judged & ~b.rel
+    nonrel = b.judged_nonrel
     rel_above = np.cumsum(b.rel, axis=1)
     ordered = _rowsum(np.where(nonrel, rel_above, 0))
     pairs = _rowsum(b.rel) * _rowsum(nonrel)
@@ -301,7 +314,7 @@ def parse(name: str) -> Measure:
             cutoff = int(raw_cutoff)
         else:
             cutoff = float(raw_cutoff)
-            if not 0.0 <= cutoff <= 1.0:
+            if fam_name == "IPrec" and not 0.0 <= cutoff <= 1.0:
                 raise ValueError(f"measure {name!r}: the recall point must be in 0.0..1.0")
     elif fam.cutoff == "required":
         raise ValueError(f"measure {name!r}: {fam_name} needs a cut-off, e.g. {fam_name}@10")
@@ -330,6 +343,13 @@ def _parse_params(name: str, fam: Family, raw: str | None) -> tuple[tuple[str, s
         given["beta"] = f"{float(given['beta']):g}"
     if "dcg" in given and given["dcg"] not in ("log2", "exp-log2"):
         raise ValueError(f"measure {name!r}: dcg must be log2 or exp-log2")
+    if "rounding" in given and given["rounding"] not in ("legacy", "lround"):
+        raise ValueError(f"measure {name!r}: rounding must be legacy or lround")
+    for key in set(given) & NUMERIC_PARAMS:
+        try:
+            given[key] = f"{float(given[key]):g}"
+        except ValueError:
+            raise ValueError(f"measure {name!r}: {key} must be a number") from None
     # Defaults are left out so `SetF(beta=1)` and `SetF` are one measure.
     return tuple(sorted((k, v) for k, v in given.items() if v != fam.params[k]))
 

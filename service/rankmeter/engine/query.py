@@ -71,7 +71,8 @@ class QueryState:
             state.row_grades = [0.0 if g is None else g for g in row]
         values = sorted(known.values())
         state.num_rel = len(values) - bisect.bisect_left(values, relevance_level)
-        state.num_nonrel = len(values) - state.num_rel
+        # A negative grade is trec_eval's "in the pool, not judged": neither class.
+        state.num_nonrel = len(values) - state.num_rel - bisect.bisect_left(values, 0.0)
         state.ideal_ascending = values[bisect.bisect_right(values, 0.0):]
         return state
 
@@ -94,7 +95,7 @@ class QueryState:
     def _count(self, grade: float, sign: int) -> None:
         if grade >= self.relevance_level:
             self.num_rel += sign
-        else:
+        elif grade >= 0:  # a negative grade is "pooled, not judged" (trec_eval): neither class
             self.num_nonrel += sign
         if grade > 0:
             if sign > 0:

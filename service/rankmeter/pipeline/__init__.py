@@ -107,7 +107,9 @@ class Pipeline:
         (partitions.Claims.assign: a partition whose stored state is gone is `lost`; one whose
         last checkpoints the store lost resumes from the last it holds; `bounds`, the topics'
         log start and end, find offsets gone backwards)."""
-        return self._claims.assign(partitions, committed, rebuild, claim, bounds)
+        offsets = self._claims.assign(partitions, committed, rebuild, claim, bounds)
+        self.experiments.resolve()  # the experiment's stored definition (pipeline/phases.py)
+        return offsets
 
     def revoke(self, partitions: Iterable[int], reclaiming: bool = False) -> None:
         """Every batch is persisted when `process` returns: forgetting is enough.

@@ -13,10 +13,12 @@ from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
 from rankmeter.ab.experiment import look as ab_look
+from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.labels import Labels
+from rankmeter.pipeline.phases import Phase
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import Store
 from rankmeter.unreadable import Unreadable
@@ -26,7 +28,7 @@ log = logging.getLogger("rankmeter.pipeline")
 
 HISTORY_INTERVAL_MS = 60_000  # an experiment's history: one line a minute ...
 HISTORY_KEEP = 20_000         # ... for two weeks
-INTERLEAVING = "il\x1f"       # the fields of interleaving counts: il␟experiment␟a␟b
+INTERLEAVING = "il\x1f"       # the fields of interleaving counts: il␟experiment␟a␟b[␟ab.interleaving_start]
 # A record's `ab_experiment` for an interleaved query it counts in no experiment: its
 # experiment or a team was past the label caps when its impression was applied.
 NOT_COUNTED = INTERLEAVING
@@ -36,9 +38,11 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     """(kind, why) when a stored experiment field cannot be read, else None. Names hold
     no \x1f (the decoder refuses control characters), so each part is one name."""
     kind = "interleaving" if field.startswith(INTERLEAVING) else "experiment"
-    parts, expected = field.count("\x1f") + 1, 4 if kind == "interleaving" else 3
-    if parts != expected:
-        return kind, f"{parts} parts separated by \\x1f, not {expected}"
+    parts, expected = field.count("\x1f") + 1, (4, 5) if kind == "interleaving" else (3,)
+    if parts not in expected:
+        return kind, f"{parts} parts separated by \\x1f, not {' or '.join(map(str, expected))}"
+    if parts == 5 and not field.rsplit("\x1f", 1)[1].isdigit():
+        return kind, "its start (the fifth part) is not epoch milliseconds"
     if len(data) % 8 or (kind == "interleaving" and len(data) != 24):
         return kind, f"{len(data)} bytes of sums"
     return None
@@ -54,10 +58,12 @@ class Experiments:
         self.held = held
         self.layout = layout  # the A/B layout: the debiased measures are not in experiments
         self.clock = clock
-        self.size = ab_sums.size(layout)
         self.baseline = settings.ab.baseline
-        # The experiment: every other ranker against the baseline, from `ab.start` on.
-        self.start: int | None = time_ms(settings.ab.start) if settings.ab.start else None
+        # The experiment: every other ranker against the baseline, from its phase's start on.
+        self.phase = Phase(settings, store, layout, unreadable)
+        start = settings.ab.interleaving_start
+        self.interleaving_start: int | None = time_ms(start) if start else None
+        self._notes: tuple[str, ...] = ()
         self.result: Look | None = None               # the last look (partition 0's holder only)
         self.interleaving: list[Preference] = []
         self._last_history_ms = 0
@@ -68,12 +74,14 @@ class Experiments:
 
     @property
     def name(self) -> str | None:
-        """The experiment's name: baseline, start, and the measures' layout, so that a
-        configuration change starts a new experiment (sums that mix two definitions of a
-        measure, or a population enrolled under another one, are no experiment)."""
-        if self.start is None:
-            return None
-        return f"{self.baseline}@{self.start}@{self.layout.fingerprint}"
+        """The experiment's name (ab/identity.py): its phase and configured measures, so
+        that a new split or another definition of a measure starts a new experiment, and
+        a release that stores more does not."""
+        return self.phase.name
+
+    def resolve(self) -> None:
+        """The experiment's stored definition, read at every claim (pipeline/phases.py)."""
+        self.phase.resolve()
 
     def forget(self, keep_saved: bool = False) -> None:
         """No results exported: they are partition 0's holder's. Unless this process claims
@@ -89,8 +97,11 @@ class Experiments:
         experiment: the field of its counts, fixed here like the ranker's label."""
         impression = record.impression
         if impression.experiment:
+            if self.interleaving_start is not None and impression.timestamp_ms < self.interleaving_start:
+                return NOT_COUNTED
             return self._interleaving_field(impression.experiment, impression.teams)
-        if self.start is None or impression.timestamp_ms < self.start:
+        phase = self.phase.phase
+        if phase is None or impression.timestamp_ms < phase.since_ms:
             return ""
         return self.name or ""
 
@@ -102,29 +113,48 @@ class Experiments:
         label = self.labels.label
         if label("experiment", experiment) != experiment or label("ranker", a) != a or label("ranker", b) != b:
             return NOT_COUNTED
-        return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}"
+        return self._interleaving_counts(experiment, a, b)
+
+    def _interleaving_counts(self, experiment: str, a: str, b: str) -> str:
+        """The field of an interleaving experiment's counts; with `ab.interleaving_start`
+        its start is part of it: a name reused with another start is another experiment."""
+        start = "" if self.interleaving_start is None else f"\x1f{self.interleaving_start}"
+        return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{start}"
 
     def move(self, keys: list[Touched], records: list[QueryRecord], values: np.ndarray,
              nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
         """Move the experiment's cumulative arm sums by the changed queries' new minus old
         A/B contributions (every enrolled impression counts, unjudged ones as 0)."""
-        experiment = self.name
+        experiment, phase = self.name, self.phase
         inside = [experiment is not None and r.ab_experiment == experiment for r in records]
         if not any(inside):
             return
+        if not phase.definition:
+            phase.resolve()
+        size = phase.size
+        old = np.zeros((len(records), size))
+        for i, record in enumerate(records):
+            if inside[i] and record.ab_contribution:
+                if len(record.ab_contribution) == 8 * size:
+                    old[i] = np.frombuffer(record.ab_contribution)
+                else:  # written under another definition (one the store lost): cannot be taken back
+                    inside[i] = False
+                    self.unreadable.skip("experiment", f"{{{keys[i].partition}}}:queries", record.query_id,
+                                         f"{len(record.ab_contribution)} bytes of A/B sums, not {8 * size}")
         m = len(self.layout.names)  # the debiased measures, last, are not in experiments
-        new = ab_sums.contributions(self.layout, values[:, :m], nums[:, :m], dens[:, :m], judged)
-        zero = bytes(8 * self.size)
-        for k, record, vector, counts in zip(keys, records, new, inside):
+        new = ab_sums.contributions(phase.columns, values[:, :m], nums[:, :m], dens[:, :m], judged, old)
+        for k, record, vector, before, counts in zip(keys, records, new, old, inside):
             if not counts:
                 continue
-            old = record.ab_contribution or zero
             field = f"{experiment}\x1f{record.ranker_label}\x1f{record.segment_label}"
             ps = self.held[k.partition]
             sums = ps.ab.get(field)
             if sums is None:
-                sums = ps.ab[field] = np.zeros(self.size)
-            sums += vector - np.frombuffer(old)
+                sums = ps.ab[field] = np.zeros(size)
+            if len(sums) != size:  # stored under another definition (one the store lost): never mixed in
+                self.unreadable.skip("experiment", f"{{{k.partition}}}:ab", field, f"{len(sums)} sums, not {size}")
+                continue
+            sums += vector - before
             ps.dirty_ab.add(field)
             record.ab_contribution = vector.tobytes()
 
@@ -145,7 +175,7 @@ class Experiments:
             if outcome == record.interleaving_outcome:
                 continue
             if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it
-                field = f"{INTERLEAVING}{impression.experiment}\x1f{a}\x1f{b}"
+                field = self._interleaving_counts(impression.experiment, a, b)
             ps = self.held[k.partition]
             counts = ps.ab.setdefault(field, np.zeros(3))
             if record.interleaving_outcome >= 0:
@@ -163,24 +193,38 @@ class Experiments:
         experiments are looked at too (`interleaving`)."""
         stored = self.store.load_ab(self.store.partitions())
         self._look_at_interleaving(stored, save)
-        experiment = self.name
-        if not self.baseline or experiment is None:
+        experiment, phase = self.name, self.phase
+        if not self.baseline or experiment is None or phase.phase is None:
             return None
+        if not phase.definition:
+            phase.resolve()
         vectors: dict[tuple[str, str], np.ndarray] = {}
+        names: set[str] = set()
         for p, fields in stored.items():
             for field, data in fields.items():
                 if field == PAIRS or field.startswith(INTERLEAVING) or self._unreadable(p, field, data):
                     continue
                 name, ranker, segment = field.split("\x1f")
+                names.add(name)
                 vector = np.frombuffer(data)
-                if name != experiment or len(vector) != self.size:
-                    continue  # another experiment, or a replica still on another configuration
+                if name != experiment:
+                    continue  # another experiment (an earlier phase), or a replica on another configuration
+                if len(vector) != phase.size:
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field, f"{len(data)} bytes, not {8 * phase.size}")
+                    continue
                 vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
-        # What the running statistics keep depends on alpha, τ² and the split too.
+        # What the running statistics keep depends on alpha and the mixture too.
         a = self.settings.ab
-        state = f"{experiment}|alpha={a.alpha}|tau2={a.mixture_variance}|split={sorted(a.split.items())}"
+        tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
+        state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
         running = self._running(state)
-        result, kept = ab_look(experiment, self.baseline, vectors, self.layout, a, running)
+        result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running)
+        notes = phase.notes(names)
+        result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes)
+        if notes != self._notes:
+            for note in notes:
+                log.warning(note, extra={"experiment": experiment})
+            self._notes = notes
         now_ms = int(self.clock() * 1000)
         # Partition 0's holder keeps the running statistics, fenced by its claim: a stale
         # holder's look (read before a newer one's) must not move them back.
@@ -194,18 +238,22 @@ class Experiments:
 
     def _look_at_interleaving(self, stored: Mapping[int, Mapping[str, bytes]], save: bool) -> None:
         vectors: dict[tuple[str, str, str], np.ndarray] = {}
+        start = "" if self.interleaving_start is None else str(self.interleaving_start)
         for p, fields in stored.items():
             for field, data in fields.items():
                 if field.startswith(INTERLEAVING) and not self._unreadable(p, field, data):
-                    _, experiment, a, b = field.split("\x1f")
-                    vectors[(experiment, a, b)] = vectors.get((experiment, a, b), 0) + np.frombuffer(data)
+                    _, experiment, a, b, *since = field.split("\x1f")
+                    if (since[0] if since else "") == start:  # else counts of another start
+                        vectors[(experiment, a, b)] = vectors.get((experiment, a, b), 0) + np.frombuffer(data)
         if not vectors:
             self.interleaving = []
             return
-        running = self._running("interleaving")
+        # Keyed by what the running statistics depend on: alpha, τ² and the start.
+        state = f"interleaving|alpha={self.settings.ab.alpha}|tau2={INTERLEAVING_TAU2}|start={start}"
+        running = self._running(state)
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
         if save and 0 in self.held:
-            self._save_running("interleaving", {**running, **kept}, self.held[0].epoch)
+            self._save_running(state, {**running, **kept}, self.held[0].epoch)
 
     def _running(self, key: str) -> dict[str, str]:
         """The stored running statistics, tightened by what this process saved last where
