@@ -48,16 +48,20 @@ from progress import Progress  # bench/, beside this script
 from rankmeter.ab import (
     DEFAULT_MIN_QUERIES,
     DEFAULT_TAU2,
+    INTERLEAVING_TAU2,
+    Estimate,
     MeanSums,
     RatioSums,
     Running,
     mean_difference,
     msprt,
+    preference,
     ratio_difference,
     srm_p_value,
     srm_update,
     update,
 )
+from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 
 ALPHA = 0.05
 Z = stats.norm.ppf(1 - ALPHA / 2)
@@ -243,19 +247,245 @@ def aa_cell(metric: str, split: float, experiments: int, queries: int, batch: in
     return hits
 
 
+# ---- per-user assignment (issue 20): users with lognormal activity, sticky arms, buckets ----
+
+USERS, ACTIVITY_SIGMA = 10_000, 1.5    # as the simulator's Users: a few heavy users, a long tail
+USER_SIGMAS = (0.3, 1.0)                # σ of the users' click propensity (lognormal, mean 1)
+CLICK_AT = 0.3 / np.arange(1, 11) ** 0.9   # interleaving: P(click) per rank of an average user
+
+
+def user_values(metric: str, rng: np.random.Generator, prop: np.ndarray):
+    """Per-query values as `cell_values`, each query's user's propensity `prop` (mean 1)
+    scaling its chance of a nonzero value, an event, a click, or (fcr) its rank."""
+    size = prop.shape
+    if metric == "ndcg":
+        nonzero = rng.random(size) < np.minimum(1.0, (1 - P_ZERO) * prop)
+        one = rng.random(size) < P_ONE / (1 - P_ZERO)
+        return np.where(nonzero, np.where(one, 1.0, rng.beta(2.0, 2.0, size)), 0.0), None
+    if metric == "bernoulli":
+        return (rng.random(size) < np.minimum(1.0, BERNOULLI_P * prop)).astype(float), None
+    if metric == "ctr":
+        clicks = rng.binomial(CTR_RESULTS, np.minimum(1.0, CTR_P * prop)).astype(float)
+        return clicks, np.full(size, float(CTR_RESULTS))
+    if metric == "fcr":
+        rank, _ = cell_values("fcr", rng, size)
+        rank = np.clip(np.round(np.nan_to_num(rank, nan=1.0) * prop), 1.0, 100.0)
+        return np.where(rng.random(size) < np.minimum(1.0, FCR_CLICKED * prop), rank, np.nan), None
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def _draw_users(rng: np.random.Generator, chunk: int, queries: int, treated: float, sigma: float):
+    """A fresh population per experiment: each query's user, the users' propensity, arm
+    (True: treatment, sticky) and bucket (as `bucket_of` of the client_id would be)."""
+    weights = rng.lognormal(0.0, ACTIVITY_SIGMA, (chunk, USERS))
+    cum = np.cumsum(weights, 1)
+    cum /= cum[:, -1:]
+    # one searchsorted for every row: row e's cumulative weights shifted into (e, e + 1]
+    offsets = np.arange(chunk)[:, None]
+    flat = (cum + offsets).ravel()
+    u = rng.random((chunk, queries)) + offsets
+    user = np.minimum(np.searchsorted(flat, u.ravel(), side="right").reshape(chunk, queries)
+                      - offsets * USERS, USERS - 1)
+    prop = rng.lognormal(-sigma ** 2 / 2, sigma, (chunk, USERS))
+    arm = rng.random((chunk, USERS)) < treated
+    bucket = rng.integers(0, BUCKETS, (chunk, USERS))
+    rows = np.broadcast_to(offsets, user.shape)
+    return prop[rows, user], arm[rows, user], bucket[rows, user]
+
+
+def _binned(index: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.bincount(index.ravel(), weights.ravel(), minlength=math.prod(shape)).reshape(shape)
+
+
+def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int,
+                   treated: float, sigma: float):
+    """Cumulative sums at every look, from the same queries: per arm (0 treatment, 1
+    baseline) and bucket, y and n (macro: Σ values, queries counted; micro ctr: Σ clicks,
+    Σ results), shape (chunk, looks, 2, B); per arm, RatioSums' columns, (chunk, looks, 2);
+    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B)."""
+    queries = looks * batch
+    prop, arm, bucket = _draw_users(rng, chunk, queries, treated, sigma)
+    y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
+    counted = ~np.isnan(y)
+    y = np.where(counted, y, 0.0)
+    z = np.ones_like(y) if z is None else z * counted
+    look = np.broadcast_to(np.arange(queries) // batch, y.shape)
+    e = np.broadcast_to(np.arange(chunk)[:, None], y.shape)
+    arm_index = (~arm).astype(int)
+    cell = (e * looks + look) * 2 + arm_index
+    shape_b, shape_a = (chunk, looks, 2, BUCKETS), (chunk, looks, 2)
+    by_bucket = cell * BUCKETS + bucket
+    cum = lambda a: np.cumsum(a, axis=1)  # noqa: E731
+    buckets = (cum(_binned(by_bucket, y, shape_b)), cum(_binned(by_bucket, z, shape_b)))
+    per_query = tuple(cum(_binned(cell, w, shape_a))
+                      for w in (counted.astype(float), y, z, y * y, z * z, y * z))
+    all_queries = cum(_binned(by_bucket, np.ones_like(y), shape_b))
+    return buckets, per_query, all_queries
+
+
+def _sequential(estimates: Estimate, ready: np.ndarray, tau2: float) -> int:
+    """How many experiments (rows) ever have the running p below α, the looks where
+    `ready` is False skipped; every look through `msprt` and `update`."""
+    hits = 0
+    for e in range(ready.shape[0]):
+        running = Running()
+        for j in np.flatnonzero(ready[e]):
+            est = Estimate(float(estimates.delta[e, j]), math.nan, float(estimates.variance[e, j]))
+            running = update(running, msprt(est, tau2, ALPHA))
+        hits += running.p_value < ALPHA
+    return hits
+
+
+def _per_query_estimates(metric: str, per_query) -> Estimate:
+    """The per-query statistics (mean_difference / ratio_difference), look by look."""
+    cols_t = [c[..., 0] for c in per_query]
+    cols_b = [c[..., 1] for c in per_query]
+    delta = np.full(cols_t[0].shape, np.nan)
+    var = np.full(cols_t[0].shape, np.nan)
+    for idx in np.ndindex(delta.shape):
+        t = RatioSums(*(float(c[idx]) for c in cols_t))
+        b = RatioSums(*(float(c[idx]) for c in cols_b))
+        if min(t.n, b.n) < DEFAULT_MIN_QUERIES:
+            continue
+        if metric == "ctr":
+            est = ratio_difference(t, b)
+        else:
+            est = mean_difference(MeanSums(t.n, t.sum_y, t.sum_y2), MeanSums(b.n, b.sum_y, b.sum_y2))
+        delta[idx], var[idx] = est.delta, est.variance
+    return Estimate(delta, delta, var)
+
+
+def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, queries: int, batch: int,
+                 rng: np.random.Generator, per_query: bool = True) -> dict[str, int]:
+    """A/A experiments under per-user assignment: how many are ever 'significant' with the
+    bucket statistics (`bucket`) and, on the same experiments, the per-query ones
+    (`query`, wrong under this assignment). `srm`: the share of the correct split ever
+    flagged, by the query-share test (`bucket`) and the per-query multinomial (`query`)."""
+    looks = queries // batch
+    hits = {"bucket": 0, "query": 0}
+    done = 0
+    while done < experiments:
+        chunk = min(25, experiments - done)
+        (y, n), pq, all_q = user_cell_sums(metric, rng, chunk, looks, batch, 1.0 - split, sigma)
+        if metric == "srm":
+            hits["bucket"] += _srm_hits(all_q, split, clustered=True)
+            hits["query"] += _srm_hits(all_q, split, clustered=False) if per_query else 0
+        else:
+            ready = np.minimum(pq[0][..., 0], pq[0][..., 1]) >= DEFAULT_MIN_QUERIES
+            est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
+            hits["bucket"] += _sequential(est, ready, DEFAULT_TAU2)
+            if per_query:
+                hits["query"] += _sequential(_per_query_estimates(metric, pq), ready, DEFAULT_TAU2)
+        done += chunk
+    return hits
+
+
+def _srm_hits(all_q: np.ndarray, split: float, clustered: bool) -> int:
+    shares = [1.0 - split, split]
+    hits = 0
+    for e in range(all_q.shape[0]):
+        p = 1.0
+        for j in range(all_q.shape[1]):
+            counts = all_q[e, j]
+            if counts.sum() < DEFAULT_MIN_QUERIES:
+                continue
+            now = (srm_query_share_p_value(counts, shares) if clustered
+                   else srm_p_value(counts.sum(-1).tolist(), shares))
+            p = srm_update(p, now)
+            if p < ALPHA:
+                hits += 1
+                break
+    return hits
+
+
+def interleaving_aa_cell(sigma: float | None, experiments: int, queries: int, batch: int,
+                         rng: np.random.Generator) -> dict[str, int]:
+    """Interleaving A/A: two identical rankers, team-draft lists (in each pair of ranks a
+    fair coin picks which team takes the higher), clicks per rank `CLICK_AT` × the user's
+    propensity. `sigma` None: every query its own user (per-query units); else users as
+    in `user_cell_sums`. Counts the experiments ever 'significant' by `preference`
+    (per query) and `bucket_preference` (users bucketed), τ² INTERLEAVING_TAU2."""
+    looks = queries // batch
+    hits = {"bucket": 0, "query": 0}
+    done = 0
+    while done < experiments:
+        chunk = min(25, experiments - done)
+        if sigma is None:
+            prop = np.ones((chunk, queries))
+            bucket = rng.integers(0, BUCKETS, (chunk, queries))
+        else:
+            prop, _, bucket = _draw_users(rng, chunk, queries, 0.5, sigma)
+        clicks = rng.random((chunk, queries, 10)) < np.minimum(1.0, CLICK_AT * prop[..., None])
+        a_first = rng.random((chunk, queries, 5)) < 0.5
+        team_a = np.stack([a_first, ~a_first], -1).reshape(chunk, queries, 10)
+        wins = (clicks & team_a).sum(-1) - (clicks & ~team_a).sum(-1)
+        score = np.sign(wins).astype(float)
+        clicked = clicks.any(-1).astype(float)
+        look = np.broadcast_to(np.arange(queries) // batch, score.shape)
+        e = np.broadcast_to(np.arange(chunk)[:, None], score.shape)
+        by_bucket = (e * looks + look) * BUCKETS + bucket
+        shape = (chunk, looks, BUCKETS)
+        s_b = np.cumsum(_binned(by_bucket, score, shape), 1)
+        n_b = np.cumsum(_binned(by_bucket, clicked, shape), 1)
+        ready = n_b.sum(-1) >= DEFAULT_MIN_QUERIES
+        hits["bucket"] += _sequential(bucket_preference(s_b, n_b), ready, INTERLEAVING_TAU2)
+        wa = np.cumsum(_binned(e * looks + look, (score > 0).astype(float), shape[:2]), 1)
+        wb = np.cumsum(_binned(e * looks + look, (score < 0).astype(float), shape[:2]), 1)
+        ties = n_b.sum(-1) - wa - wb
+        per_query = np.vectorize(lambda a, b, t: tuple(preference(a, b, t)), otypes=[float] * 3)(wa, wb, ties)
+        hits["query"] += _sequential(Estimate(*per_query), ready, INTERLEAVING_TAU2)
+        done += chunk
+    return hits
+
+
+def _line(fields: str, k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return f"{fields} experiments={n} aa_rate={k / n:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]"
+
+
 def matrix(args) -> None:
-    if args.unit != "query":
-        raise SystemExit("--unit user: per-user assignment is not built yet (issue 20)")
-    metrics = METRICS if args.metric == "all" else tuple(args.metric.split(","))
+    units = ("query", "user") if args.unit == "all" else (args.unit,)
+    metrics = (METRICS + ("srm", "interleaving") if args.metric == "all"
+               else tuple(args.metric.split(",")))
     splits = tuple(float(s) for s in args.split.split(","))
-    for metric in metrics:
-        for split in splits:
-            rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
-            k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
-            ci = stats.binomtest(k, args.experiments).proportion_ci(confidence_level=0.95, method="exact")
-            share = f"{split * 100:g}/{(1 - split) * 100:g}"
-            print(f"unit={args.unit} split={share} metric={metric} experiments={args.experiments} "
-                  f"aa_rate={k / args.experiments:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]", flush=True)
+    sigmas = tuple(float(s) for s in args.user_sigma.split(","))
+    for unit in units:
+        for metric in metrics:
+            for split in splits:
+                share = f"{split * 100:g}/{(1 - split) * 100:g}"
+                if metric == "interleaving":
+                    if split != 0.5:
+                        continue   # team-draft: every query both rankers, a fair coin
+                    share = "team-draft"
+                if unit == "query":
+                    if metric == "srm":
+                        continue   # the per-query SRM: the main bench's table
+                    if metric == "interleaving":
+                        rng = np.random.default_rng([args.seed, len(METRICS) + 1])
+                        hits = interleaving_aa_cell(None, args.experiments, args.queries, args.batch, rng)
+                        print(_line(f"unit=query split={share} metric={metric} stat=query",
+                                    hits["query"], args.experiments), flush=True)
+                        continue
+                    rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
+                    k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
+                    print(_line(f"unit=query split={share} metric={metric}", k, args.experiments), flush=True)
+                    continue
+                for sigma in sigmas:
+                    seed = [args.seed, 100 + (METRICS + ("srm", "interleaving")).index(metric),
+                            round(split * 1000), round(sigma * 100)]
+                    rng = np.random.default_rng(seed)
+                    t0 = time.monotonic()
+                    if metric == "interleaving":
+                        hits = interleaving_aa_cell(sigma, args.experiments, args.queries, args.batch, rng)
+                    else:
+                        hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
+                                            rng, per_query=not args.no_per_query)
+                    for stat in ("bucket", "query"):
+                        if stat == "query" and args.no_per_query and metric != "interleaving":
+                            continue
+                        print(_line(f"unit=user user_sigma={sigma:g} split={share} metric={metric} stat={stat}",
+                                    hits[stat], args.experiments), flush=True)
+                    print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -270,7 +500,12 @@ def main() -> None:
     ap.add_argument("--matrix", action="store_true", help="the A/A matrix of splits and measures only")
     ap.add_argument("--metric", default="all", help=f"of the matrix: all, or some of {','.join(METRICS)}")
     ap.add_argument("--split", default=",".join(map(str, SPLITS)), help="of the matrix: the baseline's shares")
-    ap.add_argument("--unit", default="query", choices=("query", "user"))
+    ap.add_argument("--unit", default="query", choices=("query", "user", "all"),
+                    help="of the matrix: per-query assignment, per-user (sticky, bucket statistics), or both")
+    ap.add_argument("--user-sigma", default=",".join(map(str, USER_SIGMAS)),
+                    help="of the matrix, --unit user: the σ of the users' click propensity (lognormal, mean 1)")
+    ap.add_argument("--no-per-query", action="store_true",
+                    help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
     args = ap.parse_args()
     if args.matrix:
         matrix(args)
