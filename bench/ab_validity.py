@@ -252,6 +252,7 @@ def aa_cell(metric: str, split: float, experiments: int, queries: int, batch: in
 USERS, ACTIVITY_SIGMA = 10_000, 1.5    # as the simulator's Users: a few heavy users, a long tail
 USER_SIGMAS = (0.3, 1.0)                # σ of the users' click propensity (lognormal, mean 1)
 CLICK_AT = 0.3 / np.arange(1, 11) ** 0.9   # interleaving: P(click) per rank of an average user
+USER_METRICS = METRICS + ("srm", "interleaving")
 
 
 def user_values(metric: str, rng: np.random.Generator, prop: np.ndarray):
@@ -308,7 +309,7 @@ def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int
     y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
     counted = ~np.isnan(y)
     y = np.where(counted, y, 0.0)
-    z = np.ones_like(y) if z is None else z * counted
+    z = counted.astype(float) if z is None else z * counted   # a mean: n = queries counted
     look = np.broadcast_to(np.arange(queries) // batch, y.shape)
     e = np.broadcast_to(np.arange(chunk)[:, None], y.shape)
     arm_index = (~arm).astype(int)
@@ -323,36 +324,61 @@ def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int
     return buckets, per_query, all_queries
 
 
-def _sequential(estimates: Estimate, ready: np.ndarray, tau2: float) -> int:
-    """How many experiments (rows) ever have the running p below α, the looks where
-    `ready` is False skipped; every look through `msprt` and `update`."""
-    hits = 0
-    for e in range(ready.shape[0]):
-        running = Running()
-        for j in np.flatnonzero(ready[e]):
-            est = Estimate(float(estimates.delta[e, j]), math.nan, float(estimates.variance[e, j]))
-            running = update(running, msprt(est, tau2, ALPHA))
-        hits += running.p_value < ALPHA
-    return hits
+def _log_lambda(delta: np.ndarray, var: np.ndarray, tau2: float) -> np.ndarray:
+    """`stats.msprt`'s ln Λ, vectorised: −½ ln(1 + τ²/V) + τ²θ̂²/(2V(V + τ²)); −inf
+    where V ≤ 0 or anything is nan (`msprt`'s "no information")."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = -0.5 * np.log1p(tau2 / var) + tau2 * delta * delta / (2.0 * var * (var + tau2))
+    return np.where(np.isfinite(delta) & np.isfinite(var) & (var > 0), out, -np.inf)
 
 
-def _per_query_estimates(metric: str, per_query) -> Estimate:
-    """The per-query statistics (mean_difference / ratio_difference), look by look."""
-    cols_t = [c[..., 0] for c in per_query]
-    cols_b = [c[..., 1] for c in per_query]
-    delta = np.full(cols_t[0].shape, np.nan)
-    var = np.full(cols_t[0].shape, np.nan)
-    for idx in np.ndindex(delta.shape):
-        t = RatioSums(*(float(c[idx]) for c in cols_t))
-        b = RatioSums(*(float(c[idx]) for c in cols_b))
-        if min(t.n, b.n) < DEFAULT_MIN_QUERIES:
+def _sequential(estimates: Estimate, ready: np.ndarray, tau2: float, rng: np.random.Generator) -> int:
+    """How many experiments (rows) ever have the running p below α (the running minimum of
+    p = 1/Λ over the looks where `ready`), vectorised; a sample of looks is checked
+    against the library's `msprt` (the figures are the service's code's)."""
+    delta = np.asarray(estimates.delta, dtype=float)
+    var = np.asarray(estimates.variance, dtype=float)
+    log_lam = np.where(ready, _log_lambda(delta, var, tau2), -np.inf)
+    for idx in zip(*(rng.integers(0, d, 8) for d in delta.shape)):
+        want = msprt(Estimate(float(delta[idx]), math.nan, float(var[idx])), tau2, ALPHA).p_value
+        got = math.exp(-log_lam[idx]) if log_lam[idx] > 0 else 1.0
+        assert not ready[idx] or math.isclose(got, want, rel_tol=1e-9), (got, want)
+    return int((log_lam.max(-1) > math.log(1.0 / ALPHA)).sum())
+
+
+def _per_query_estimates(metric: str, per_query, rng: np.random.Generator) -> Estimate:
+    """The per-query statistics, vectorised: `mean_difference` (Welch's variance, the
+    pooled floor) or, for ctr, `ratio_difference` (delta method, the pooled floor), as
+    `stats.py` computes them; a sample checked against the library."""
+    t = [c[..., 0] for c in per_query]
+    b = [c[..., 1] for c in per_query]
+
+    def ratio_var(n, sy, sz, syy, szz, syz):   # per-query delta method (a mean when z = 1)
+        r = sy / sz
+        vy, vz = (syy - sy * sy / n) / (n - 1), (szz - sz * sz / n) / (n - 1)
+        cyz = (syz - sy * sz / n) / (n - 1)
+        return r, np.maximum(0.0, vy - 2 * r * cyz + r * r * vz) / (n * (sz / n) ** 2)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        (r_t, v_t), (r_b, v_b) = ratio_var(*t), ratio_var(*b)
+        both = [x + y for x, y in zip(t, b)]
+        _, v_0 = ratio_var(*both)
+        pooled = both[0] * v_0 * (1 / t[0] + 1 / b[0])
+        if metric != "ctr":   # a mean: Welch, and the pooled sample variance
+            v_t = np.maximum(0.0, (t[3] - t[1] ** 2 / t[0]) / (t[0] - 1)) / t[0]
+            v_b = np.maximum(0.0, (b[3] - b[1] ** 2 / b[0]) / (b[0] - 1)) / b[0]
+            s2 = np.maximum(0.0, (both[3] - both[1] ** 2 / both[0]) / (both[0] - 1))
+            pooled = s2 * (1 / t[0] + 1 / b[0])
+        est = Estimate(r_t - r_b, r_t - r_b, np.maximum(v_t + v_b, pooled))
+    for idx in zip(*(rng.integers(0, d, 8) for d in est.delta.shape)):
+        arms = [RatioSums(*(float(c[idx]) for c in arm)) for arm in (t, b)]
+        if min(arms[0].n, arms[1].n) < 2 or min(arms[0].sum_z, arms[1].sum_z) == 0:
             continue
-        if metric == "ctr":
-            est = ratio_difference(t, b)
-        else:
-            est = mean_difference(MeanSums(t.n, t.sum_y, t.sum_y2), MeanSums(b.n, b.sum_y, b.sum_y2))
-        delta[idx], var[idx] = est.delta, est.variance
-    return Estimate(delta, delta, var)
+        want = (ratio_difference(*arms) if metric == "ctr" else
+                mean_difference(*(MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms)))
+        assert math.isclose(want.delta, est.delta[idx], rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(want.variance, est.variance[idx], rel_tol=1e-6, abs_tol=1e-15), (want, idx)
+    return est
 
 
 def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, queries: int, batch: int,
@@ -373,9 +399,9 @@ def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, quer
         else:
             ready = np.minimum(pq[0][..., 0], pq[0][..., 1]) >= DEFAULT_MIN_QUERIES
             est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
-            hits["bucket"] += _sequential(est, ready, DEFAULT_TAU2)
+            hits["bucket"] += _sequential(est, ready, DEFAULT_TAU2, rng)
             if per_query:
-                hits["query"] += _sequential(_per_query_estimates(metric, pq), ready, DEFAULT_TAU2)
+                hits["query"] += _sequential(_per_query_estimates(metric, pq, rng), ready, DEFAULT_TAU2, rng)
         done += chunk
     return hits
 
@@ -428,12 +454,12 @@ def interleaving_aa_cell(sigma: float | None, experiments: int, queries: int, ba
         s_b = np.cumsum(_binned(by_bucket, score, shape), 1)
         n_b = np.cumsum(_binned(by_bucket, clicked, shape), 1)
         ready = n_b.sum(-1) >= DEFAULT_MIN_QUERIES
-        hits["bucket"] += _sequential(bucket_preference(s_b, n_b), ready, INTERLEAVING_TAU2)
+        hits["bucket"] += _sequential(bucket_preference(s_b, n_b), ready, INTERLEAVING_TAU2, rng)
         wa = np.cumsum(_binned(e * looks + look, (score > 0).astype(float), shape[:2]), 1)
         wb = np.cumsum(_binned(e * looks + look, (score < 0).astype(float), shape[:2]), 1)
         ties = n_b.sum(-1) - wa - wb
         per_query = np.vectorize(lambda a, b, t: tuple(preference(a, b, t)), otypes=[float] * 3)(wa, wb, ties)
-        hits["query"] += _sequential(Estimate(*per_query), ready, INTERLEAVING_TAU2)
+        hits["query"] += _sequential(Estimate(*per_query), ready, INTERLEAVING_TAU2, rng)
         done += chunk
     return hits
 
@@ -445,7 +471,7 @@ def _line(fields: str, k: int, n: int) -> str:
 
 def matrix(args) -> None:
     units = ("query", "user") if args.unit == "all" else (args.unit,)
-    metrics = (METRICS + ("srm", "interleaving") if args.metric == "all"
+    metrics = (USER_METRICS if args.metric == "all"
                else tuple(args.metric.split(",")))
     splits = tuple(float(s) for s in args.split.split(","))
     sigmas = tuple(float(s) for s in args.user_sigma.split(","))
@@ -471,7 +497,7 @@ def matrix(args) -> None:
                     print(_line(f"unit=query split={share} metric={metric}", k, args.experiments), flush=True)
                     continue
                 for sigma in sigmas:
-                    seed = [args.seed, 100 + (METRICS + ("srm", "interleaving")).index(metric),
+                    seed = [args.seed, 100 + USER_METRICS.index(metric),
                             round(split * 1000), round(sigma * 100)]
                     rng = np.random.default_rng(seed)
                     t0 = time.monotonic()
