@@ -381,8 +381,26 @@ def _per_query_estimates(metric: str, per_query, rng: np.random.Generator) -> Es
     return est
 
 
+NDCG_VARIANCE = SECOND - MEAN ** 2
+
+
+def scaled_tau2(metric: str, sigma: float) -> float:
+    """τ² scaled to the measure's per-query variance, DEFAULT_TAU2·σ²/σ²_nDCG (the same
+    effect in sd units as nDCG's default), the variance from a pilot of 400,000 queries
+    of users of propensity σ, fixed before the experiments (never from their data). A
+    micro measure: the per-query variance of y − R·z over z̄², the delta method's."""
+    rng = np.random.default_rng([7, USER_METRICS.index(metric), round(sigma * 100)])
+    prop = rng.lognormal(-sigma ** 2 / 2, sigma, 400_000)
+    y, z = user_values(metric, rng, prop)
+    y = y[~np.isnan(y)]
+    if z is None:
+        return DEFAULT_TAU2 * float(np.var(y)) / NDCG_VARIANCE
+    r = y.sum() / z.sum()
+    return DEFAULT_TAU2 * float(np.var(y - r * z) / z.mean() ** 2) / NDCG_VARIANCE
+
+
 def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, queries: int, batch: int,
-                 rng: np.random.Generator, per_query: bool = True) -> dict[str, int]:
+                 rng: np.random.Generator, per_query: bool = True, tau2: float = DEFAULT_TAU2) -> dict[str, int]:
     """A/A experiments under per-user assignment: how many are ever 'significant' with the
     bucket statistics (`bucket`) and, on the same experiments, the per-query ones
     (`query`, wrong under this assignment). `srm`: the share of the correct split ever
@@ -399,9 +417,9 @@ def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, quer
         else:
             ready = np.minimum(pq[0][..., 0], pq[0][..., 1]) >= DEFAULT_MIN_QUERIES
             est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
-            hits["bucket"] += _sequential(est, ready, DEFAULT_TAU2, rng)
+            hits["bucket"] += _sequential(est, ready, tau2, rng)
             if per_query:
-                hits["query"] += _sequential(_per_query_estimates(metric, pq, rng), ready, DEFAULT_TAU2, rng)
+                hits["query"] += _sequential(_per_query_estimates(metric, pq, rng), ready, tau2, rng)
         done += chunk
     return hits
 
@@ -503,14 +521,20 @@ def matrix(args) -> None:
                     t0 = time.monotonic()
                     if metric == "interleaving":
                         hits = interleaving_aa_cell(sigma, args.experiments, args.queries, args.batch, rng)
-                    else:
+                    tau2 = DEFAULT_TAU2
+                    if metric in METRICS:
+                        tau2 = scaled_tau2(metric, sigma) if args.tau2_scaled else DEFAULT_TAU2
+                        hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
+                                            rng, per_query=not args.no_per_query, tau2=tau2)
+                    elif metric == "srm":
                         hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
                                             rng, per_query=not args.no_per_query)
                     for stat in ("bucket", "query"):
                         if stat == "query" and args.no_per_query and metric != "interleaving":
                             continue
-                        print(_line(f"unit=user user_sigma={sigma:g} split={share} metric={metric} stat={stat}",
-                                    hits[stat], args.experiments), flush=True)
+                        extra = f" tau2={tau2:.3g}" if metric in METRICS else ""
+                        print(_line(f"unit=user user_sigma={sigma:g} split={share} metric={metric} stat={stat}"
+                                    + extra, hits[stat], args.experiments), flush=True)
                     print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
@@ -530,6 +554,8 @@ def main() -> None:
                     help="of the matrix: per-query assignment, per-user (sticky, bucket statistics), or both")
     ap.add_argument("--user-sigma", default=",".join(map(str, USER_SIGMAS)),
                     help="of the matrix, --unit user: the σ of the users' click propensity (lognormal, mean 1)")
+    ap.add_argument("--tau2-scaled", action="store_true",
+                    help="of the matrix, --unit user: τ² scaled to each measure's variance (scaled_tau2)")
     ap.add_argument("--no-per-query", action="store_true",
                     help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
     args = ap.parse_args()
