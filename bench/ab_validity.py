@@ -291,7 +291,7 @@ def _draw_users(rng: np.random.Generator, chunk: int, queries: int, treated: flo
     arm = rng.random((chunk, USERS)) < treated
     bucket = rng.integers(0, BUCKETS, (chunk, USERS))
     rows = np.broadcast_to(offsets, user.shape)
-    return prop[rows, user], arm[rows, user], bucket[rows, user]
+    return prop[rows, user], arm[rows, user], bucket[rows, user], user
 
 
 def _binned(index: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -305,7 +305,7 @@ def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int
     Σ results), shape (chunk, looks, 2, B); per arm, RatioSums' columns, (chunk, looks, 2);
     all queries per arm and bucket (the SRM's), (chunk, looks, 2, B)."""
     queries = looks * batch
-    prop, arm, bucket = _draw_users(rng, chunk, queries, treated, sigma)
+    prop, arm, bucket, _ = _draw_users(rng, chunk, queries, treated, sigma)
     y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
     counted = ~np.isnan(y)
     y = np.where(counted, y, 0.0)
@@ -458,7 +458,7 @@ def interleaving_aa_cell(sigma: float | None, experiments: int, queries: int, ba
             prop = np.ones((chunk, queries))
             bucket = rng.integers(0, BUCKETS, (chunk, queries))
         else:
-            prop, _, bucket = _draw_users(rng, chunk, queries, 0.5, sigma)
+            prop, _, bucket, _ = _draw_users(rng, chunk, queries, 0.5, sigma)
         clicks = rng.random((chunk, queries, 10)) < np.minimum(1.0, CLICK_AT * prop[..., None])
         a_first = rng.random((chunk, queries, 5)) < 0.5
         team_a = np.stack([a_first, ~a_first], -1).reshape(chunk, queries, 10)
@@ -480,6 +480,33 @@ def interleaving_aa_cell(sigma: float | None, experiments: int, queries: int, ba
         hits["query"] += _sequential(Estimate(*per_query), ready, INTERLEAVING_TAU2, rng)
         done += chunk
     return hits
+
+
+def bucket_loss(args) -> None:
+    """What bucketing costs against per-user sums: in A/A experiments at 50/50 to
+    `--queries`, the variance of the nDCG-like delta from B buckets per arm and from one
+    cluster per user (the same formula, B = the users), against the delta's variance over
+    the experiments: mean ratio (bias) and relative sd (noise) of each estimate."""
+    rng = np.random.default_rng([args.seed, 999])
+    for sigma in (float(s) for s in args.user_sigma.split(",")):
+        deltas, v_bucket, v_user = [], [], []
+        for _ in range(args.experiments // 25):
+            prop, arm, bucket, user = _draw_users(rng, 25, args.queries, 0.5, sigma)
+            x, _ = user_values("ndcg", rng, prop)
+            for e in range(25):
+                arms = []
+                for mask in (arm[e], ~arm[e]):
+                    arms.append([np.bincount(key[e][mask], w[mask], minlength=size)
+                                 for key, size in ((bucket, BUCKETS), (user, USERS)) for w in (x[e], np.ones(len(x[e])))])
+                (tb_y, tb_n, tu_y, tu_n), (bb_y, bb_n, bu_y, bu_n) = arms
+                by_bucket = bucket_difference(tb_y, tb_n, bb_y, bb_n)
+                deltas.append(by_bucket.delta)
+                v_bucket.append(by_bucket.variance)
+                v_user.append(bucket_difference(tu_y, tu_n, bu_y, bu_n).variance)
+        truth = np.var(deltas, ddof=1)
+        for name, v in (("buckets", np.array(v_bucket)), ("per-user", np.array(v_user))):
+            print(f"user_sigma={sigma:g} variance={name} experiments={len(deltas)} mean/empirical="
+                  f"{v.mean() / truth:.3f} relative_sd={v.std(ddof=1) / v.mean():.3f}", flush=True)
 
 
 def _line(fields: str, k: int, n: int) -> str:
@@ -554,11 +581,16 @@ def main() -> None:
                     help="of the matrix: per-query assignment, per-user (sticky, bucket statistics), or both")
     ap.add_argument("--user-sigma", default=",".join(map(str, USER_SIGMAS)),
                     help="of the matrix, --unit user: the σ of the users' click propensity (lognormal, mean 1)")
+    ap.add_argument("--bucket-loss", action="store_true",
+                    help="the variance from user buckets against per-user sums (--user-sigma, --experiments)")
     ap.add_argument("--tau2-scaled", action="store_true",
                     help="of the matrix, --unit user: τ² scaled to each measure's variance (scaled_tau2)")
     ap.add_argument("--no-per-query", action="store_true",
                     help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
     args = ap.parse_args()
+    if args.bucket_loss:
+        bucket_loss(args)
+        return
     if args.matrix:
         matrix(args)
         return
