@@ -113,6 +113,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
 class AB(msgspec.Struct, forbid_unknown_fields=True):
     """An A/B experiment: every ranker other than the baseline is compared with it."""
     baseline: str = ""          # the control ranker; empty: no experiment
+    unit: str = ""              # what is randomised: query, or user (sticky by client_id); required with baseline
     split: dict[str, float] = {}  # expected traffic share per ranker (the sample-ratio check)
     alpha: float = 0.05
     mixture_variance: float = 0.0  # τ² of the mSPRT mixture for every metric; 0: per metric, below
@@ -367,6 +368,9 @@ def _check(s: Settings) -> None:
         # partitions and replicas happen to see the first impression of a treatment.
         fail("ab.start", "required with ab.baseline: when traffic started going to the treatments "
                          "(epoch ms or RFC 3339)")
+    if s.ab.baseline and s.ab.unit not in ("query", "user"):
+        fail("ab.unit", "required with ab.baseline: query (each query assigned on its own) or user "
+                        "(each user's queries to one arm, by client_id)")
     for name in ("start", "split_since", "interleaving_start"):
         _check_time(f"ab.{name}", getattr(s.ab, name), fail)
     if s.ab.split_since and (not s.ab.start or time_ms(s.ab.split_since) < time_ms(s.ab.start)):
