@@ -199,8 +199,10 @@ def test_an_interleaving_name_used_again_with_a_new_start_is_a_new_experiment():
     assert (r.experiment, r.wins_a, r.wins_b, r.ties) == ("e", 25, 5, 0)   # none of the old counts
     assert r.running.ci_upper > 0      # its own running statistics: not intersected with the old run's (< 0)
     # The old run is still there, for a reader without the new start.
-    [kept] = reader(config.load(None, env), store).interleaving_result or [None]
-    assert kept is None or (kept.wins_a, kept.wins_b) == (100, 300)
+    old_reader = reader(config.load(None, env), store)
+    old_reader.ab_look(save=False)
+    [kept] = old_reader.interleaving_result
+    assert (kept.wins_a, kept.wins_b) == (100, 300)
 
 
 def test_interleaving_running_statistics_are_keyed_by_alpha_tau2_and_start():
@@ -218,7 +220,7 @@ def test_interleaving_running_statistics_are_keyed_by_alpha_tau2_and_start():
     assert r.running.ci_lower < float(kept.split()[1]) and r.running.ci_upper > float(kept.split()[2])
 
 
-def test_the_phase_is_exported_and_in_the_report_json():
+def test_the_phase_and_each_comparisons_tau2_are_exported():
     settings, events, _, store, bus, pipeline = an_experiment(2, 300, partitions=1)
     feed(pipeline, bus, events)
     pipeline.ab_look()
@@ -233,7 +235,9 @@ def test_the_phase_is_exported_and_in_the_report_json():
     ("SPLIT_SINCE", str(START_MS - 1), "must not be before it"),
     ("SPLIT_SINCE", "2026-12-01T09:00:00", "no time zone"),
     ("INTERLEAVING_START", "yesterday", "neither epoch milliseconds nor an RFC 3339 time"),
-    ("MIXTURE_SCALE", "0", "scale > 0"),
+    ("MIXTURE_SCALE", "0", "ab.mixture_scale: must be a number > 0"),
+    ("MIXTURE_SCALE", "nan", "ab.mixture_scale: must be a number > 0"),
+    ("MIXTURE_VARIANCE", "inf", "ab.mixture_variance: must be a number >= 0"),
 ])
 def test_phase_settings_are_checked(setting: str, value: str, problem: str):
     with pytest.raises(config.ConfigError, match=problem):

@@ -6,6 +6,7 @@ one line naming the setting (`ConfigError`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -357,8 +358,10 @@ def _check(s: Settings) -> None:
             fail(f"limits.{name}", "must be at least 1")
     if not 0 < s.ab.alpha < 1:
         fail("ab.alpha", "must be between 0 and 1")
-    if s.ab.mixture_variance < 0 or s.ab.mixture_scale <= 0:
-        fail("ab.mixture_variance" if s.ab.mixture_variance < 0 else "ab.mixture_scale", "must be >= 0 (scale > 0)")
+    if not (math.isfinite(s.ab.mixture_variance) and s.ab.mixture_variance >= 0):
+        fail("ab.mixture_variance", "must be a number >= 0 (0: per metric, ab.mixture_scale)")
+    if not (math.isfinite(s.ab.mixture_scale) and s.ab.mixture_scale > 0):
+        fail("ab.mixture_scale", "must be a number > 0")
     if s.ab.min_queries < 2:
         fail("ab.min_queries", "must be at least 2")
     if any(share <= 0 for share in s.ab.split.values()):

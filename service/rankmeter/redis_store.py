@@ -324,12 +324,12 @@ class RedisStore:
         return {k.decode(): v.decode() for k, v in found.items()}
 
     def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
-        key = f"{self.prefix}:ab:definition:{experiment}"
-        try:  # SET NX GET: Redis >= 7.0; a plain SET replaces a value of any type
-            stored = self.client.set(key, definition, nx=not replace, get=not replace)
-        except redis.ResponseError:  # not a string (WRONGTYPE): nothing readable stored
+        key, pipe = f"{self.prefix}:ab:definition:{experiment}", self.client.pipeline(transaction=True)
+        try:  # SETNX (SET with `replace`: of any type) then GET, one transaction (any Redis version)
+            stored = (pipe.set(key, definition) if replace else pipe.setnx(key, definition)).get(key).execute()[1]
+        except redis.ResponseError:  # not a string (WRONGTYPE), or a read-only replica: nothing readable
             return ""
-        return definition if replace or stored is None else stored.decode(errors="replace")
+        return "" if stored is None else stored.decode(errors="replace")
 
     def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         if not running:

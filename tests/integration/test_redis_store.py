@@ -155,3 +155,13 @@ def test_stored_numbers_that_are_not_integers_do_not_stop_a_claim(store, redis_u
     assert first == 1_900_000_000_001 and second == first + 1
     store.client.hset(meta, "epoch", str(2 ** 63 - 1))
     assert store.claim(0).epoch > 1_000_000_000_000
+
+
+def test_the_first_definition_of_an_experiment_wins_and_one_of_another_type_is_replaced(store):
+    assert store.define_experiment("e", '["a#1"]') == '["a#1"]'
+    assert store.define_experiment("e", '["a#1", "b"]') == '["a#1"]'   # another replica, another release
+    key = f"{store.prefix}:ab:definition:g"
+    store.client.hset(key, "x", "y")                                    # not a string: nothing readable
+    assert store.define_experiment("g", '["a#1"]') == ""
+    assert store.define_experiment("g", '["a#1"]', replace=True) == '["a#1"]'
+    assert store.define_experiment("g", '["c"]') == '["a#1"]'

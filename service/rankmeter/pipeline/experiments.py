@@ -13,8 +13,8 @@ from rankmeter.ab import clusters
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
-from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.ab.experiment import look as ab_look
+from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
@@ -162,6 +162,9 @@ class Experiments:
             sums = ps.ab.get(field)
             if sums is None:
                 sums = ps.ab[field] = np.zeros(size)
+            if len(sums) != size:  # stored under another definition (one the store lost): never mixed in
+                self.unreadable.skip("experiment", f"{{{k.partition}}}:ab", field, f"{len(sums)} sums, not {size}")
+                continue
             sums += vector - before
             ps.dirty_ab.add(field)
             record.ab_contribution = vector.tobytes()

@@ -45,7 +45,9 @@ class Phase:
         if ids is None:
             self.unreadable.skip("experiment", f"ab:definition:{self.name}", "definition",
                                  "not a JSON list of measure identities: replaced")
-            ids = json.loads(self.store.define_experiment(self.name, mine, replace=True))
+            # (a store that refuses the write, a read-only replica: this process's own, in memory)
+            ids = identity.read_definition(self.store.define_experiment(self.name, mine, replace=True)) \
+                or json.loads(mine)
         if self.definition and ids != self.definition:
             log.error("the experiment's stored definition is not the one this process wrote (the store "
                       "lost it): following the stored one", extra={"experiment": self.name})
