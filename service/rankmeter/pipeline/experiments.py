@@ -52,6 +52,13 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     return None
 
 
+def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> str:
+    """The field of an interleaving experiment's counts; with `ab.interleaving_start`
+    its start is part of it: a name reused with another start is another experiment."""
+    since = "" if start is None else f"\x1f{start}"
+    return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{since}"
+
+
 class Experiments:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], layout: Layout,
                  clock: Callable[[], float], labels: Labels, unreadable: Unreadable) -> None:
@@ -122,13 +129,7 @@ class Experiments:
         label = self.labels.label
         if label("experiment", experiment) != experiment or label("ranker", a) != a or label("ranker", b) != b:
             return NOT_COUNTED
-        return self._interleaving_counts(experiment, a, b)
-
-    def _interleaving_counts(self, experiment: str, a: str, b: str) -> str:
-        """The field of an interleaving experiment's counts; with `ab.interleaving_start`
-        its start is part of it: a name reused with another start is another experiment."""
-        start = "" if self.interleaving_start is None else f"\x1f{self.interleaving_start}"
-        return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{start}"
+        return interleaving_counts(experiment, a, b, self.interleaving_start)
 
     def move(self, keys: list[Touched], records: list[QueryRecord], values: np.ndarray,
              nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
@@ -186,7 +187,7 @@ class Experiments:
             if outcome == record.interleaving_outcome:
                 continue
             if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it
-                field = self._interleaving_counts(impression.experiment, a, b)
+                field = interleaving_counts(impression.experiment, a, b, self.interleaving_start)
             ps = self.held[k.partition]
             counts = ps.ab.setdefault(field, np.zeros(3))
             if record.interleaving_outcome >= 0:
@@ -225,11 +226,11 @@ class Experiments:
                     continue
                 if self.by_user != bool(bucket):
                     continue  # (the unit is in the name: a field of another layout, not ours)
-                if not self.by_user:
-                    vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
-                    continue
-                buckets = vectors.setdefault((ranker, segment), np.zeros((clusters.BUCKETS, phase.size)))
-                buckets[int(bucket[0])] += vector
+                arm = (ranker, segment)
+                if self.by_user:  # one row per user bucket: the clusters of ab/clusters.py
+                    vectors.setdefault(arm, np.zeros((clusters.BUCKETS, phase.size)))[int(bucket[0])] += vector
+                else:
+                    vectors[arm] = vectors.get(arm, 0) + vector
         # What the running statistics keep depends on alpha and the mixture too.
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
