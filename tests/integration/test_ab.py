@@ -201,10 +201,10 @@ def expected(truth, start: int, split: dict[str, float], tau2: float | None = No
 # ---- what serve exports ----------------------------------------------------------------
 
 def ab_series(serve: Serve) -> dict:
-    """The experiment's series (partition 0's holder's), not the counter every replica keeps
-    of running statistics it found lost."""
-    return {k: v for k, v in serve.metrics().items()
-            if k[0].startswith("rankmeter_ab_") and k[0] != "rankmeter_ab_running_lost_total"}
+    """The experiment's series (partition 0's holder's), not the counters every replica
+    keeps of its own: running statistics it found lost, impressions without a user."""
+    own = ("rankmeter_ab_running_lost_total", "rankmeter_ab_units_missing_total")
+    return {k: v for k, v in serve.metrics().items() if k[0].startswith("rankmeter_ab_") and k[0] not in own}
 
 
 def comparison_values(series: dict) -> dict:
