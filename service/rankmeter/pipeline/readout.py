@@ -31,3 +31,4 @@ class Readout:
     interleaving_result: Callable[[], list[Preference]]
     production_rankers: tuple[str, ...]             # alerts.production_rankers
     unreadable: Mapping[str, int]                   # kind -> stored fields skipped (unreadable.py)
+    ab_units_missing: Callable[[], int] = lambda: 0  # impressions of an experiment by user without a client_id
