@@ -48,16 +48,20 @@ from progress import Progress  # bench/, beside this script
 from rankmeter.ab import (
     DEFAULT_MIN_QUERIES,
     DEFAULT_TAU2,
+    INTERLEAVING_TAU2,
+    Estimate,
     MeanSums,
     RatioSums,
     Running,
     mean_difference,
     msprt,
+    preference,
     ratio_difference,
     srm_p_value,
     srm_update,
     update,
 )
+from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 
 ALPHA = 0.05
 Z = stats.norm.ppf(1 - ALPHA / 2)
@@ -243,19 +247,322 @@ def aa_cell(metric: str, split: float, experiments: int, queries: int, batch: in
     return hits
 
 
+# ---- per-user assignment (issue 20): users with lognormal activity, sticky arms, buckets ----
+
+USERS, ACTIVITY_SIGMA = 10_000, 1.5    # as the simulator's Users: a few heavy users, a long tail
+USER_SIGMAS = (0.3, 1.0)                # σ of the users' click propensity (lognormal, mean 1)
+CLICK_AT = 0.3 / np.arange(1, 11) ** 0.9   # interleaving: P(click) per rank of an average user
+USER_METRICS = METRICS + ("srm", "interleaving")
+
+
+def user_values(metric: str, rng: np.random.Generator, prop: np.ndarray):
+    """Per-query values as `cell_values`, each query's user's propensity `prop` (mean 1)
+    scaling its chance of a nonzero value, an event, a click, or (fcr) its rank."""
+    size = prop.shape
+    if metric == "ndcg":
+        nonzero = rng.random(size) < np.minimum(1.0, (1 - P_ZERO) * prop)
+        one = rng.random(size) < P_ONE / (1 - P_ZERO)
+        return np.where(nonzero, np.where(one, 1.0, rng.beta(2.0, 2.0, size)), 0.0), None
+    if metric == "bernoulli":
+        return (rng.random(size) < np.minimum(1.0, BERNOULLI_P * prop)).astype(float), None
+    if metric == "ctr":
+        clicks = rng.binomial(CTR_RESULTS, np.minimum(1.0, CTR_P * prop)).astype(float)
+        return clicks, np.full(size, float(CTR_RESULTS))
+    if metric == "fcr":
+        rank, _ = cell_values("fcr", rng, size)
+        rank = np.clip(np.round(np.nan_to_num(rank, nan=1.0) * prop), 1.0, 100.0)
+        return np.where(rng.random(size) < np.minimum(1.0, FCR_CLICKED * prop), rank, np.nan), None
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def _draw_users(rng: np.random.Generator, chunk: int, queries: int, treated: float, sigma: float):
+    """A fresh population per experiment: each query's user, the users' propensity, arm
+    (True: treatment, sticky) and bucket (as `bucket_of` of the client_id would be)."""
+    weights = rng.lognormal(0.0, ACTIVITY_SIGMA, (chunk, USERS))
+    cum = np.cumsum(weights, 1)
+    cum /= cum[:, -1:]
+    # one searchsorted for every row: row e's cumulative weights shifted into (e, e + 1]
+    offsets = np.arange(chunk)[:, None]
+    flat = (cum + offsets).ravel()
+    u = rng.random((chunk, queries)) + offsets
+    user = np.minimum(np.searchsorted(flat, u.ravel(), side="right").reshape(chunk, queries)
+                      - offsets * USERS, USERS - 1)
+    prop = rng.lognormal(-sigma ** 2 / 2, sigma, (chunk, USERS))
+    arm = rng.random((chunk, USERS)) < treated
+    bucket = rng.integers(0, BUCKETS, (chunk, USERS))
+    rows = np.broadcast_to(offsets, user.shape)
+    return prop[rows, user], arm[rows, user], bucket[rows, user], user
+
+
+def _binned(index: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.bincount(index.ravel(), weights.ravel(), minlength=math.prod(shape)).reshape(shape)
+
+
+def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int,
+                   treated: float, sigma: float):
+    """Cumulative sums at every look, from the same queries: per arm (0 treatment, 1
+    baseline) and bucket, y and n (macro: Σ values, queries counted; micro ctr: Σ clicks,
+    Σ results), shape (chunk, looks, 2, B); per arm, RatioSums' columns, (chunk, looks, 2);
+    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B)."""
+    queries = looks * batch
+    prop, arm, bucket, _ = _draw_users(rng, chunk, queries, treated, sigma)
+    y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
+    counted = ~np.isnan(y)
+    y = np.where(counted, y, 0.0)
+    z = counted.astype(float) if z is None else z * counted   # a mean: n = queries counted
+    look = np.broadcast_to(np.arange(queries) // batch, y.shape)
+    e = np.broadcast_to(np.arange(chunk)[:, None], y.shape)
+    arm_index = (~arm).astype(int)
+    cell = (e * looks + look) * 2 + arm_index
+    shape_b, shape_a = (chunk, looks, 2, BUCKETS), (chunk, looks, 2)
+    by_bucket = cell * BUCKETS + bucket
+    cum = lambda a: np.cumsum(a, axis=1)  # noqa: E731
+    buckets = (cum(_binned(by_bucket, y, shape_b)), cum(_binned(by_bucket, z, shape_b)))
+    per_query = tuple(cum(_binned(cell, w, shape_a))
+                      for w in (counted.astype(float), y, z, y * y, z * z, y * z))
+    all_queries = cum(_binned(by_bucket, np.ones_like(y), shape_b))
+    return buckets, per_query, all_queries
+
+
+def _log_lambda(delta: np.ndarray, var: np.ndarray, tau2: float) -> np.ndarray:
+    """`stats.msprt`'s ln Λ, vectorised: −½ ln(1 + τ²/V) + τ²θ̂²/(2V(V + τ²)); −inf
+    where V ≤ 0 or anything is nan (`msprt`'s "no information")."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = -0.5 * np.log1p(tau2 / var) + tau2 * delta * delta / (2.0 * var * (var + tau2))
+    return np.where(np.isfinite(delta) & np.isfinite(var) & (var > 0), out, -np.inf)
+
+
+def _sequential(estimates: Estimate, ready: np.ndarray, tau2: float, rng: np.random.Generator) -> int:
+    """How many experiments (rows) ever have the running p below α (the running minimum of
+    p = 1/Λ over the looks where `ready`), vectorised; a sample of looks is checked
+    against the library's `msprt` (the figures are the service's code's)."""
+    delta = np.asarray(estimates.delta, dtype=float)
+    var = np.asarray(estimates.variance, dtype=float)
+    log_lam = np.where(ready, _log_lambda(delta, var, tau2), -np.inf)
+    for idx in zip(*(rng.integers(0, d, 8) for d in delta.shape)):
+        want = msprt(Estimate(float(delta[idx]), math.nan, float(var[idx])), tau2, ALPHA).p_value
+        got = math.exp(-log_lam[idx]) if log_lam[idx] > 0 else 1.0
+        assert not ready[idx] or math.isclose(got, want, rel_tol=1e-9), (got, want)
+    return int((log_lam.max(-1) > math.log(1.0 / ALPHA)).sum())
+
+
+def _per_query_estimates(metric: str, per_query, rng: np.random.Generator) -> Estimate:
+    """The per-query statistics, vectorised: `mean_difference` (Welch's variance, the
+    pooled floor) or, for ctr, `ratio_difference` (delta method, the pooled floor), as
+    `stats.py` computes them; a sample checked against the library."""
+    t = [c[..., 0] for c in per_query]
+    b = [c[..., 1] for c in per_query]
+
+    def ratio_var(n, sy, sz, syy, szz, syz):   # per-query delta method (a mean when z = 1)
+        r = sy / sz
+        vy, vz = (syy - sy * sy / n) / (n - 1), (szz - sz * sz / n) / (n - 1)
+        cyz = (syz - sy * sz / n) / (n - 1)
+        return r, np.maximum(0.0, vy - 2 * r * cyz + r * r * vz) / (n * (sz / n) ** 2)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        (r_t, v_t), (r_b, v_b) = ratio_var(*t), ratio_var(*b)
+        both = [x + y for x, y in zip(t, b)]
+        _, v_0 = ratio_var(*both)
+        pooled = both[0] * v_0 * (1 / t[0] + 1 / b[0])
+        if metric != "ctr":   # a mean: Welch, and the pooled sample variance
+            v_t = np.maximum(0.0, (t[3] - t[1] ** 2 / t[0]) / (t[0] - 1)) / t[0]
+            v_b = np.maximum(0.0, (b[3] - b[1] ** 2 / b[0]) / (b[0] - 1)) / b[0]
+            s2 = np.maximum(0.0, (both[3] - both[1] ** 2 / both[0]) / (both[0] - 1))
+            pooled = s2 * (1 / t[0] + 1 / b[0])
+        est = Estimate(r_t - r_b, r_t - r_b, np.maximum(v_t + v_b, pooled))
+    for idx in zip(*(rng.integers(0, d, 8) for d in est.delta.shape)):
+        arms = [RatioSums(*(float(c[idx]) for c in arm)) for arm in (t, b)]
+        if min(arms[0].n, arms[1].n) < 2 or min(arms[0].sum_z, arms[1].sum_z) == 0:
+            continue
+        want = (ratio_difference(*arms) if metric == "ctr" else
+                mean_difference(*(MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms)))
+        assert math.isclose(want.delta, est.delta[idx], rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(want.variance, est.variance[idx], rel_tol=1e-6, abs_tol=1e-15), (want, idx)
+    return est
+
+
+NDCG_VARIANCE = SECOND - MEAN ** 2
+
+
+def scaled_tau2(metric: str, sigma: float) -> float:
+    """τ² scaled to the measure's per-query variance, DEFAULT_TAU2·σ²/σ²_nDCG (the same
+    effect in sd units as nDCG's default), the variance from a pilot of 400,000 queries
+    of users of propensity σ, fixed before the experiments (never from their data). A
+    micro measure: the per-query variance of y − R·z over z̄², the delta method's."""
+    rng = np.random.default_rng([7, USER_METRICS.index(metric), round(sigma * 100)])
+    prop = rng.lognormal(-sigma ** 2 / 2, sigma, 400_000)
+    y, z = user_values(metric, rng, prop)
+    y = y[~np.isnan(y)]
+    if z is None:
+        return DEFAULT_TAU2 * float(np.var(y)) / NDCG_VARIANCE
+    r = y.sum() / z.sum()
+    return DEFAULT_TAU2 * float(np.var(y - r * z) / z.mean() ** 2) / NDCG_VARIANCE
+
+
+def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, queries: int, batch: int,
+                 rng: np.random.Generator, per_query: bool = True, tau2: float = DEFAULT_TAU2) -> dict[str, int]:
+    """A/A experiments under per-user assignment: how many are ever 'significant' with the
+    bucket statistics (`bucket`) and, on the same experiments, the per-query ones
+    (`query`, wrong under this assignment). `srm`: the share of the correct split ever
+    flagged, by the query-share test (`bucket`) and the per-query multinomial (`query`)."""
+    looks = queries // batch
+    hits = {"bucket": 0, "query": 0}
+    done = 0
+    while done < experiments:
+        chunk = min(25, experiments - done)
+        (y, n), pq, all_q = user_cell_sums(metric, rng, chunk, looks, batch, 1.0 - split, sigma)
+        if metric == "srm":
+            hits["bucket"] += _srm_hits(all_q, split, clustered=True)
+            hits["query"] += _srm_hits(all_q, split, clustered=False) if per_query else 0
+        else:
+            ready = np.minimum(pq[0][..., 0], pq[0][..., 1]) >= DEFAULT_MIN_QUERIES
+            est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
+            hits["bucket"] += _sequential(est, ready, tau2, rng)
+            if per_query:
+                hits["query"] += _sequential(_per_query_estimates(metric, pq, rng), ready, tau2, rng)
+        done += chunk
+    return hits
+
+
+def _srm_hits(all_q: np.ndarray, split: float, clustered: bool) -> int:
+    shares = [1.0 - split, split]
+    hits = 0
+    for e in range(all_q.shape[0]):
+        p = 1.0
+        for j in range(all_q.shape[1]):
+            counts = all_q[e, j]
+            if counts.sum() < DEFAULT_MIN_QUERIES:
+                continue
+            now = (srm_query_share_p_value(counts, shares) if clustered
+                   else srm_p_value(counts.sum(-1).tolist(), shares))
+            p = srm_update(p, now)
+            if p < ALPHA:
+                hits += 1
+                break
+    return hits
+
+
+def interleaving_aa_cell(sigma: float | None, experiments: int, queries: int, batch: int,
+                         rng: np.random.Generator) -> dict[str, int]:
+    """Interleaving A/A: two identical rankers, team-draft lists (in each pair of ranks a
+    fair coin picks which team takes the higher), clicks per rank `CLICK_AT` × the user's
+    propensity. `sigma` None: every query its own user (per-query units); else users as
+    in `user_cell_sums`. Counts the experiments ever 'significant' by `preference`
+    (per query) and `bucket_preference` (users bucketed), τ² INTERLEAVING_TAU2."""
+    looks = queries // batch
+    hits = {"bucket": 0, "query": 0}
+    done = 0
+    while done < experiments:
+        chunk = min(25, experiments - done)
+        if sigma is None:
+            prop = np.ones((chunk, queries))
+            bucket = rng.integers(0, BUCKETS, (chunk, queries))
+        else:
+            prop, _, bucket, _ = _draw_users(rng, chunk, queries, 0.5, sigma)
+        clicks = rng.random((chunk, queries, 10)) < np.minimum(1.0, CLICK_AT * prop[..., None])
+        a_first = rng.random((chunk, queries, 5)) < 0.5
+        team_a = np.stack([a_first, ~a_first], -1).reshape(chunk, queries, 10)
+        wins = (clicks & team_a).sum(-1) - (clicks & ~team_a).sum(-1)
+        score = np.sign(wins).astype(float)
+        clicked = clicks.any(-1).astype(float)
+        look = np.broadcast_to(np.arange(queries) // batch, score.shape)
+        e = np.broadcast_to(np.arange(chunk)[:, None], score.shape)
+        by_bucket = (e * looks + look) * BUCKETS + bucket
+        shape = (chunk, looks, BUCKETS)
+        s_b = np.cumsum(_binned(by_bucket, score, shape), 1)
+        n_b = np.cumsum(_binned(by_bucket, clicked, shape), 1)
+        ready = n_b.sum(-1) >= DEFAULT_MIN_QUERIES
+        hits["bucket"] += _sequential(bucket_preference(s_b, n_b), ready, INTERLEAVING_TAU2, rng)
+        wa = np.cumsum(_binned(e * looks + look, (score > 0).astype(float), shape[:2]), 1)
+        wb = np.cumsum(_binned(e * looks + look, (score < 0).astype(float), shape[:2]), 1)
+        ties = n_b.sum(-1) - wa - wb
+        per_query = np.vectorize(lambda a, b, t: tuple(preference(a, b, t)), otypes=[float] * 3)(wa, wb, ties)
+        hits["query"] += _sequential(Estimate(*per_query), ready, INTERLEAVING_TAU2, rng)
+        done += chunk
+    return hits
+
+
+def bucket_loss(args) -> None:
+    """What bucketing costs against per-user sums: in A/A experiments at 50/50 to
+    `--queries`, the variance of the nDCG-like delta from B buckets per arm and from one
+    cluster per user (the same formula, B = the users), against the delta's variance over
+    the experiments: mean ratio (bias) and relative sd (noise) of each estimate."""
+    rng = np.random.default_rng([args.seed, 999])
+    for sigma in (float(s) for s in args.user_sigma.split(",")):
+        deltas, v_bucket, v_user = [], [], []
+        for _ in range(args.experiments // 25):
+            prop, arm, bucket, user = _draw_users(rng, 25, args.queries, 0.5, sigma)
+            x, _ = user_values("ndcg", rng, prop)
+            for e in range(25):
+                arms = []
+                for mask in (arm[e], ~arm[e]):
+                    arms.append([np.bincount(key[e][mask], w[mask], minlength=size)
+                                 for key, size in ((bucket, BUCKETS), (user, USERS)) for w in (x[e], np.ones(len(x[e])))])
+                (tb_y, tb_n, tu_y, tu_n), (bb_y, bb_n, bu_y, bu_n) = arms
+                by_bucket = bucket_difference(tb_y, tb_n, bb_y, bb_n)
+                deltas.append(by_bucket.delta)
+                v_bucket.append(by_bucket.variance)
+                v_user.append(bucket_difference(tu_y, tu_n, bu_y, bu_n).variance)
+        truth = np.var(deltas, ddof=1)
+        for name, v in (("buckets", np.array(v_bucket)), ("per-user", np.array(v_user))):
+            print(f"user_sigma={sigma:g} variance={name} experiments={len(deltas)} mean/empirical="
+                  f"{v.mean() / truth:.3f} relative_sd={v.std(ddof=1) / v.mean():.3f}", flush=True)
+
+
+def _line(fields: str, k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return f"{fields} experiments={n} aa_rate={k / n:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]"
+
+
 def matrix(args) -> None:
-    if args.unit != "query":
-        raise SystemExit("--unit user: per-user assignment is not built yet (issue 20)")
-    metrics = METRICS if args.metric == "all" else tuple(args.metric.split(","))
+    units = ("query", "user") if args.unit == "all" else (args.unit,)
+    metrics = (USER_METRICS if args.metric == "all"
+               else tuple(args.metric.split(",")))
     splits = tuple(float(s) for s in args.split.split(","))
-    for metric in metrics:
-        for split in splits:
-            rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
-            k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
-            ci = stats.binomtest(k, args.experiments).proportion_ci(confidence_level=0.95, method="exact")
-            share = f"{split * 100:g}/{(1 - split) * 100:g}"
-            print(f"unit={args.unit} split={share} metric={metric} experiments={args.experiments} "
-                  f"aa_rate={k / args.experiments:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]", flush=True)
+    sigmas = tuple(float(s) for s in args.user_sigma.split(","))
+    for unit in units:
+        for metric in metrics:
+            for split in splits:
+                share = f"{split * 100:g}/{(1 - split) * 100:g}"
+                if metric == "interleaving":
+                    if split != 0.5:
+                        continue   # team-draft: every query both rankers, a fair coin
+                    share = "team-draft"
+                if unit == "query":
+                    if metric == "srm":
+                        continue   # the per-query SRM: the main bench's table
+                    if metric == "interleaving":
+                        rng = np.random.default_rng([args.seed, len(METRICS) + 1])
+                        hits = interleaving_aa_cell(None, args.experiments, args.queries, args.batch, rng)
+                        print(_line(f"unit=query split={share} metric={metric} stat=query",
+                                    hits["query"], args.experiments), flush=True)
+                        continue
+                    rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
+                    k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
+                    print(_line(f"unit=query split={share} metric={metric}", k, args.experiments), flush=True)
+                    continue
+                for sigma in sigmas:
+                    seed = [args.seed, 100 + USER_METRICS.index(metric),
+                            round(split * 1000), round(sigma * 100)]
+                    rng = np.random.default_rng(seed)
+                    t0 = time.monotonic()
+                    if metric == "interleaving":
+                        hits = interleaving_aa_cell(sigma, args.experiments, args.queries, args.batch, rng)
+                    tau2 = DEFAULT_TAU2
+                    if metric in METRICS:
+                        tau2 = scaled_tau2(metric, sigma) if args.tau2_scaled else DEFAULT_TAU2
+                        hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
+                                            rng, per_query=not args.no_per_query, tau2=tau2)
+                    elif metric == "srm":
+                        hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
+                                            rng, per_query=not args.no_per_query)
+                    for stat in ("bucket", "query"):
+                        if stat == "query" and args.no_per_query and metric != "interleaving":
+                            continue
+                        extra = f" tau2={tau2:.3g}" if metric in METRICS else ""
+                        print(_line(f"unit=user user_sigma={sigma:g} split={share} metric={metric} stat={stat}"
+                                    + extra, hits[stat], args.experiments), flush=True)
+                    print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -270,8 +577,20 @@ def main() -> None:
     ap.add_argument("--matrix", action="store_true", help="the A/A matrix of splits and measures only")
     ap.add_argument("--metric", default="all", help=f"of the matrix: all, or some of {','.join(METRICS)}")
     ap.add_argument("--split", default=",".join(map(str, SPLITS)), help="of the matrix: the baseline's shares")
-    ap.add_argument("--unit", default="query", choices=("query", "user"))
+    ap.add_argument("--unit", default="query", choices=("query", "user", "all"),
+                    help="of the matrix: per-query assignment, per-user (sticky, bucket statistics), or both")
+    ap.add_argument("--user-sigma", default=",".join(map(str, USER_SIGMAS)),
+                    help="of the matrix, --unit user: the σ of the users' click propensity (lognormal, mean 1)")
+    ap.add_argument("--bucket-loss", action="store_true",
+                    help="the variance from user buckets against per-user sums (--user-sigma, --experiments)")
+    ap.add_argument("--tau2-scaled", action="store_true",
+                    help="of the matrix, --unit user: τ² scaled to each measure's variance (scaled_tau2)")
+    ap.add_argument("--no-per-query", action="store_true",
+                    help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
     args = ap.parse_args()
+    if args.bucket_loss:
+        bucket_loss(args)
+        return
     if args.matrix:
         matrix(args)
         return

@@ -90,7 +90,7 @@ def test_a_split_changed_without_a_new_since_is_said_in_the_report():
     [note] = look.notes
     assert "ab.split changed without a new ab.split_since" in note
     table = ab_report.table(look, 0.05)
-    assert f"phase: split {RAMPED}, impressions since " in table and f"note: {note}" in table
+    assert f"phase: split {RAMPED}, unit query, impressions since " in table and f"note: {note}" in table
 
 
 def test_a_release_computing_one_more_signal_goes_on_with_the_experiment(monkeypatch):
@@ -227,7 +227,7 @@ def test_the_phase_and_each_comparisons_tau2_are_exported():
     text = Exporter(pipeline.readout, health=None, lag=dict).render().decode()  # type: ignore[arg-type]
     name = pipeline.experiments.name
     assert (f'rankmeter_ab_experiment_info{{baseline="base",experiment="{name}",since="{START_MS}",'
-            f'split="base=0.5,new=0.5"}} 1.0') in text
+            f'split="base=0.5,new=0.5",unit="query"}} 1.0') in text
     assert 'rankmeter_ab_mixture_variance{average="macro",baseline="base",metric="P@10"' in text
 
 

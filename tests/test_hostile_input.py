@@ -178,7 +178,7 @@ def interleaved(qid, experiment="e", teams=("A", "B")):
 
 
 def test_unreadable_stored_fields_are_counted_logged_once_and_skipped_by_claim_look_report_and_scrape(caplog):
-    ab = config.load(None, {"RANKMETER_AB_BASELINE": "bm25", "RANKMETER_AB_START": str(NOW - 60_000),
+    ab = config.load(None, {"RANKMETER_AB_BASELINE": "bm25", "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_START": str(NOW - 60_000),
                             "RANKMETER_AB_MIN_QUERIES": "2"})
     pipeline, store, feed = one_partition(ab)
     feed([(IMPRESSIONS, native_impression(query_id=f"q{i}", ranker=r)) for i, r in enumerate(["bm25", "ltr"] * 3)]

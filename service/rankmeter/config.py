@@ -17,7 +17,7 @@ import msgspec
 import yaml
 
 from rankmeter.engine import parse_all
-from rankmeter.redaction import is_secret
+from rankmeter.environment import coerce, overrides
 
 
 class ConfigError(Exception):
@@ -114,6 +114,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
 class AB(msgspec.Struct, forbid_unknown_fields=True):
     """An A/B experiment: every ranker other than the baseline is compared with it."""
     baseline: str = ""          # the control ranker; empty: no experiment
+    unit: str = ""              # what is randomised: query, or user (sticky by client_id); required with baseline
     split: dict[str, float] = {}  # expected traffic share per ranker (the sample-ratio check)
     alpha: float = 0.05
     mixture_variance: float = 0.0  # τ² of the mSPRT mixture for every metric; 0: per metric, below
@@ -195,72 +196,6 @@ def _check_time(name: str, text: str, fail: Callable[[str, str], None]) -> None:
         fail(name, f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00")
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """RANKMETER_<SECTION>_<KEY>=value -> {section: {key: value}} (RANKMETER_CONFIG excluded)."""
-    out: dict[str, Any] = {}
-    section_names = sorted(SECTIONS, key=len, reverse=True)
-    for var, value in environ.items():
-        if not var.startswith("RANKMETER_") or var == "RANKMETER_CONFIG":
-            continue
-        rest = var[len("RANKMETER_"):].lower()
-        if rest == "log_level":
-            out["log_level"] = value
-            continue
-        for section in section_names:
-            if rest.startswith(section + "_"):
-                out.setdefault(section, {})[rest[len(section) + 1:]] = value
-                break
-    return out
-
-
-def _coerce_env(section: type[msgspec.Struct], key: str, value: str) -> Any:
-    """Environment values are strings: split lists and maps; msgspec converts the rest."""
-    hint = section.__annotations__.get(key, "")
-    if hint.startswith("list["):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    if hint.startswith("dict["):
-        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
-        if any(len(p) != 2 for p in pairs):
-            raise ConfigError(f"invalid configuration: {key}: expected key=value,key=value")
-        if hint == "dict[str, Any]":  # kafka.client
-            return {k.strip(): _client_value(k.strip(), v.strip()) for k, v in pairs}
-        return {k.strip(): _scalar(v.strip()) for k, v in pairs}
-    if hint == "bool":
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return value
-
-
-def _client_value(key: str, text: str) -> Any:
-    """A `kafka.client` value from the environment, typed as the setting is. Secrets and
-    user names stay text (a password `0123` must not become 123), and so do librdkafka's
-    dotted names (it parses its own strings); kafka-python's are typed as its defaults are
-    (numbers, booleans, text), guessed only for those without a default."""
-    if is_secret(key) or key.endswith("_username") or "." in key:
-        return text
-    from kafka import KafkaConsumer, KafkaProducer  # here: only environments with kafka.client pay for it
-    default = KafkaConsumer.DEFAULT_CONFIG.get(key, KafkaProducer.DEFAULT_CONFIG.get(key))
-    if isinstance(default, str):
-        return text
-    if isinstance(default, bool):
-        return text.lower() in ("1", "true", "yes", "on")
-    return _scalar(text)
-
-
-def _scalar(text: str) -> Any:
-    """`6000` -> 6000, `true` -> True: kafka-python wants typed client settings."""
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """The file (if any) under the environment's overrides, validated."""
     environ = os.environ if environ is None else environ
@@ -276,7 +211,7 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> S
             raise ConfigError(f"configuration {path} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"configuration {path}: expected a mapping of sections")
-    for section, values in _env_overrides(environ).items():
+    for section, values in overrides(environ, SECTIONS).items():
         if section == "log_level":
             data["log_level"] = values
             continue
@@ -287,7 +222,10 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> S
         for key, value in values.items():
             if key not in struct.__struct_fields__:
                 raise ConfigError(f"invalid configuration: unknown setting RANKMETER_{section.upper()}_{key.upper()}")
-            target[key] = _coerce_env(struct, key, value)
+            try:
+                target[key] = coerce(struct, key, value)
+            except ValueError as e:
+                raise ConfigError(f"invalid configuration: {e}") from None
     try:
         settings = msgspec.convert(data, Settings, strict=False)
     except msgspec.ValidationError as e:
@@ -370,6 +308,9 @@ def _check(s: Settings) -> None:
         # partitions and replicas happen to see the first impression of a treatment.
         fail("ab.start", "required with ab.baseline: when traffic started going to the treatments "
                          "(epoch ms or RFC 3339)")
+    if s.ab.baseline and s.ab.unit not in ("query", "user"):
+        fail("ab.unit", "required with ab.baseline: query (each query assigned on its own) or user "
+                        "(each user's queries to one arm, by client_id)")
     for name in ("start", "split_since", "interleaving_start"):
         _check_time(f"ab.{name}", getattr(s.ab, name), fail)
     if s.ab.split_since and (not s.ab.start or time_ms(s.ab.split_since) < time_ms(s.ab.start)):

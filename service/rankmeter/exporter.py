@@ -200,6 +200,9 @@ class PipelineCollector:
         yield CounterMetricFamily("rankmeter_ab_running_lost", "Looks at the A/B experiment that found its stored "
                                   "running statistics older than this process last saved (carried on from memory).",
                                   value=self.readout.ab_running_lost())
+        yield CounterMetricFamily("rankmeter_ab_units_missing", "Impressions of an experiment by user (ab.unit: "
+                                  "user) without a client_id: no user to assign, left out of the experiment.",
+                                  value=self.readout.ab_units_missing())
 
     def _propensities(self) -> Iterator[Metric]:
         found = self.readout.propensities()
@@ -284,8 +287,8 @@ class PipelineCollector:
             srm.add_metric([result.baseline, segment], p)
         info = GaugeMetricFamily("rankmeter_ab_experiment_info", "The experiment exported: its name, and its "
                                  "phase's split and start (ms): a ramp is a new phase, a new experiment.",
-                                 labels=["experiment", "baseline", "split", "since"])
-        info.add_metric([result.experiment, result.baseline, result.split, str(result.since_ms)], 1)
+                                 labels=["experiment", "baseline", "split", "since", "unit"])
+        info.add_metric([result.experiment, result.baseline, result.split, str(result.since_ms), result.unit], 1)
         yield from (queries, judged, srm, info)
 
 

@@ -201,10 +201,10 @@ def expected(truth, start: int, split: dict[str, float], tau2: float | None = No
 # ---- what serve exports ----------------------------------------------------------------
 
 def ab_series(serve: Serve) -> dict:
-    """The experiment's series (partition 0's holder's), not the counter every replica keeps
-    of running statistics it found lost."""
-    return {k: v for k, v in serve.metrics().items()
-            if k[0].startswith("rankmeter_ab_") and k[0] != "rankmeter_ab_running_lost_total"}
+    """The experiment's series (partition 0's holder's), not the counters every replica
+    keeps of its own: running statistics it found lost, impressions without a user."""
+    own = ("rankmeter_ab_running_lost_total", "rankmeter_ab_units_missing_total")
+    return {k: v for k, v in serve.metrics().items() if k[0].startswith("rankmeter_ab_") and k[0] not in own}
 
 
 def comparison_values(series: dict) -> dict:
@@ -292,7 +292,7 @@ def test_ab_series_equal_an_independent_computation_and_survive_a_restart(kafka_
     produce(kafka_bootstrap, topics.impressions, impressions)
     produce(kafka_bootstrap, topics.feedback, feedback)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
-    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
+    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
            "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50"}
 
     held_back = Serve(kafka_bootstrap, redis_url, topics, group, prefix,
@@ -350,7 +350,7 @@ def test_skewed_split_fires_srm_and_only_the_replica_with_partition_0_exports(ka
     produce(kafka_bootstrap, topics.impressions, impressions)
     produce(kafka_bootstrap, topics.feedback, feedback)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
-    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
+    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
            "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_MIXTURE_VARIANCE": "1e-4",
            "RANKMETER_KAFKA_MAX_POLL_RECORDS": "200"}  # many batches: many looks along the way
     replicas = [Serve(kafka_bootstrap, redis_url, topics, group, prefix, env,

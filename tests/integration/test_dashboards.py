@@ -27,7 +27,7 @@ VARIABLES = {"ranker": ".*", "window": "1h", "metric": "nDCG@10", "baseline": "b
              "challenger": "bm25-degraded", "segment": ".*", "average": "macro", "__rate_interval": "30s"}
 # An experiment for the A/B dashboard: the simulator's two rankers, 50/50; statistics from
 # 50 queries an arm so that they exist within the test's 15 seconds of traffic.
-EXPERIMENT = {"RANKMETER_AB_BASELINE": "bm25-tuned", "RANKMETER_AB_SPLIT": "bm25-tuned=0.5,bm25-degraded=0.5",
+EXPERIMENT = {"RANKMETER_AB_BASELINE": "bm25-tuned", "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_SPLIT": "bm25-tuned=0.5,bm25-degraded=0.5",
               "RANKMETER_AB_MIN_QUERIES": "50", "RANKMETER_AB_START": str(int(time.time() * 1000) - 3_600_000),
               # Position-bias panels: clicks final after 2 s (not 30 min), every query harvested,
               # propensities from 10 harvested pairs a rank, so that they exist within 15 s.

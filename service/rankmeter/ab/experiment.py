@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rankmeter.ab import clusters
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference, msprt,
                                 preference, ratio_difference, srm_p_value, unit_variance, update)
@@ -53,15 +54,20 @@ class Look(NamedTuple):
     srm: dict[str, float]  # segment -> always-valid SRM p-value (running minimum)
     split: str = "-"       # the phase: its split (identity.split_text) and since when (ms)
     since_ms: int = 0
+    unit: str = "query"    # ab.unit
     notes: tuple[str, ...] = ()  # what the reader must know (measures not compared, a split changed in place)
 
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
          names: list[str | None], settings: AB, running: Mapping[str, str]) -> tuple[Look, dict[str, str]]:
-    """`vectors`: (ranker, segment) -> the arm's summed vector over every partition;
-    `names`: the measure of each slot of the experiment's definition (None: not compared).
-    `running`: what earlier looks kept; returns the look and what to keep now."""
-    arms = {key: ab_sums.arm(v, names) for key, v in vectors.items()}
+    """`vectors`: (ranker, segment) -> the arm's summed vector over every partition, or
+    with `ab.unit: user` its [B, size] sums per user bucket (ab/clusters.py: the variances
+    and the sample-ratio test are then the cluster-robust ones over buckets); `names`: the
+    measure of each slot of the experiment's definition (None: not compared). `running`:
+    what earlier looks kept; returns the look and what to keep now."""
+    by_user = settings.unit == "user"
+    arms = {key: ab_sums.arm(v.sum(0) if by_user else v, names) for key, v in vectors.items()}
+    columns = {n: c for c, n in enumerate(names) if n is not None}
     kept: dict[str, str] = {}
     comparisons = []
     for (ranker, segment), arm in sorted(arms.items()):
@@ -76,7 +82,12 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     t, c = arm.ratios[metric], control.ratios[metric]
                 if min(t.n, c.n) < settings.min_queries:
                     continue
-                estimate = mean_difference(t, c) if average == "macro" else ratio_difference(t, c)
+                if by_user:
+                    estimate = clusters.bucket_difference(
+                        *ab_sums.bucket_sums(vectors[(ranker, segment)], columns[metric], average),
+                        *ab_sums.bucket_sums(vectors[(baseline, segment)], columns[metric], average))
+                else:
+                    estimate = mean_difference(t, c) if average == "macro" else ratio_difference(t, c)
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
                     continue
                 key = "\x1f".join((metric, ranker, segment, average))
@@ -97,7 +108,13 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 continue
             key = "\x1f".join(("srm", segment))
             before = _decode(running.get(key))
-            p = min(before.p_value, srm_p_value(counts, list(shares.values())))
+            if by_user:  # the query share per user bucket (a user's queries are not independent)
+                buckets = [vectors[(r, segment)][:, -2] if (r, segment) in arms else np.zeros(clusters.BUCKETS)
+                           for r in shares]
+                now = clusters.srm_query_share_p_value(buckets, list(shares.values()), min_queries=settings.min_queries)
+            else:
+                now = srm_p_value(counts, list(shares.values()))
+            p = min(before.p_value, now)
             kept[key] = _encode(before._replace(p_value=p))
             srm[segment] = p
     views = [ArmView(r, s, a.queries, a.judged) for (r, s), a in sorted(arms.items())]

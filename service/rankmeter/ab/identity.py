@@ -5,7 +5,7 @@ phase and when that split took effect (a ramp from 50/50 to 90/10 is a new phase
 experiment: never one estimate pooled over two splits), and the configured measures it
 compares with what their values depend on (grading):
 
-    name = baseline@start@since@split@measures-hash
+    name = baseline@start@since@split@unit@measures-hash
 
 The online signals (CTR, Clicks, ...) are left out of the name: a release may add one,
 and that must not restart a running experiment. Which measures an experiment's stored
@@ -39,6 +39,7 @@ class Phase(NamedTuple):
     start_ms: int
     since_ms: int    # impressions from here on are enrolled: ab.split_since, else ab.start
     split: str       # split_text
+    unit: str        # ab.unit: query or user (its sums are kept per user bucket)
 
     @property
     def prefix(self) -> str:
@@ -48,7 +49,7 @@ class Phase(NamedTuple):
     def name(self, layout: Layout) -> str:
         measures = sorted(i for i in layout.ids if "#" in i) + [layout.judged_id]
         tag = hashlib.sha256(json.dumps(measures).encode()).hexdigest()[:8]
-        return f"{self.prefix}{self.split}@{tag}"
+        return f"{self.prefix}{self.split}@{self.unit}@{tag}"
 
 
 def phase(settings: AB) -> Phase | None:
@@ -57,7 +58,7 @@ def phase(settings: AB) -> Phase | None:
         return None
     start = time_ms(settings.start)
     since = time_ms(settings.split_since) if settings.split_since else start
-    return Phase(settings.baseline, start, max(start, since), split_text(settings.split))
+    return Phase(settings.baseline, start, max(start, since), split_text(settings.split), settings.unit or "query")
 
 
 def definition(layout: Layout) -> list[str]:

@@ -44,7 +44,7 @@ def verdict(c: Comparison, look: Look, alpha: float) -> str:
 def table(look: Look, alpha: float, average: str = "macro") -> str:
     since = datetime.fromtimestamp(look.since_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [f"experiment {look.experiment} — baseline {look.baseline} — alpha {alpha:g}",
-             f"phase: split {look.split}, impressions since {since}", *(f"note: {n}" for n in look.notes), ""]
+             f"phase: split {look.split}, unit {look.unit}, impressions since {since}", *(f"note: {n}" for n in look.notes), ""]
     lines.append(f"{'ranker':<18}{'segment':<10}{'queries':>9}{'judged':>9}")
     for arm in look.arms:
         share = arm.judged / arm.queries if arm.queries else math.nan

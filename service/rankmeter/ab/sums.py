@@ -61,6 +61,14 @@ def contributions(columns: list[int | None], values: np.ndarray, nums: np.ndarra
     return out
 
 
+def bucket_sums(buckets: np.ndarray, column: int, average: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per user bucket of an arm ([B, size]), one measure's (y, n) for ab/clusters.py:
+    Σ values and queries counted (macro), or Σ numerators and Σ denominators (micro)."""
+    base = SLOTS * column
+    y, n = (base + 1, base) if average == "macro" else (base + 3, base + 4)
+    return buckets[:, y], buckets[:, n]
+
+
 class Arm(NamedTuple):
     queries: float
     judged: float

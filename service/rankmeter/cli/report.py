@@ -67,7 +67,7 @@ def _report_ab(args: argparse.Namespace, settings, pipeline, store) -> int:
         raise UsageError(f"no experiment data in Redis for baseline {settings.ab.baseline!r} yet")
     alpha = settings.ab.alpha
     if args.format == "json":
-        print(json.dumps({"experiment": look.experiment, "baseline": look.baseline, "split": look.split,
+        print(json.dumps({"experiment": look.experiment, "baseline": look.baseline, "split": look.split, "unit": look.unit,
                           "since_ms": look.since_ms, "notes": list(look.notes), "srm": look.srm,
                           "arms": [a._asdict() for a in look.arms],
                           "comparisons": [{**c._asdict(), "estimate": c.estimate._asdict(),

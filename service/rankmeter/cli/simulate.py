@@ -24,6 +24,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--count", type=int, metavar="N", help="stop after N events")
     sim.add_argument("--split", type=float, default=0.5, metavar="SHARE",
                      help="share of queries answered by bm25-tuned (default 0.5)")
+    sim.add_argument("--assign", choices=["query", "user"], default="query",
+                     help="query: each query's ranker drawn with --split (default); user: sticky per-user "
+                          "assignment, a user's ranker fixed by a hash of their client_id and --split")
+    sim.add_argument("--user-sigma", type=float, default=None, metavar="SIGMA",
+                     help="σ of the users' click propensity (lognormal, mean 1; default 0.3): how unlike "
+                          "one user's clicks are another's")
     sim.add_argument("--truth", action="store_true",
                      help="print the true nDCG@10, P@10 and AP per ranker from the hidden grades at the end")
     sim.add_argument("--create-topics", type=int, default=4, metavar="PARTITIONS",
@@ -124,10 +130,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--peak needs --history")
     if args.history is not None and (args.interleave or args.regression_at is not None):
         raise UsageError("--interleave and --regression-at are live only; with --history use --peak and --regression")
+    if args.history is not None and (args.assign != "query" or args.user_sigma is not None):
+        raise UsageError("--assign and --user-sigma are live only")
+    users = {} if args.user_sigma is None else {"user_sigma": args.user_sigma}
     try:  # the traffic first: a mistake in it is reported before any connection
         traffic = _history(args) if args.history is not None else Simulator(
             seed=args.seed, split=args.split, regression_at=args.regression_at, interleave=args.interleave,
-            click_model=args.click_model, regressions=args.regression)
+            click_model=args.click_model, regressions=args.regression, assign=args.assign, **users)
     except ValueError as e:
         raise UsageError(str(e)) from None
     output = None

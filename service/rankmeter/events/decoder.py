@@ -43,7 +43,8 @@ class Decoder:
         except msgspec.DecodeError as e:
             return Rejected("invalid", f"not UTF-8 JSON: {e}")
         impression = self.rules.impression(native.query_id, native.ranker, native.timestamp,
-                                           native.results, native.segment or "", now_ms, native.user_query)
+                                           native.results, native.segment or "", now_ms, native.user_query,
+                                           native.client_id)
         if native.interleaving is None or isinstance(impression, Rejected):
             return impression
         return _interleaved(impression, native.results, native.interleaving)

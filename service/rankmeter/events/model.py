@@ -23,6 +23,9 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     # `query_hash(user_query)`: the same query text across rankers, for position-bias
     # estimation (debias/); "" when the event has no text.
     query_hash: str = ""
+    # The user's bucket, ab/clusters.py `bucket_of(client_id)`, for experiments by user; -1
+    # without a client_id. (The id itself is not kept: the bucket is all they need.)
+    user_bucket: int = -1
 
 
 class Feedback(msgspec.Struct, array_like=True, frozen=True):

@@ -8,6 +8,7 @@ import hashlib
 import unicodedata
 from datetime import datetime, timedelta, timezone
 
+from rankmeter.ab.clusters import bucket_of
 from rankmeter.config import MAX_GRADE, Settings, duration_ms
 from rankmeter.engine.query import first_occurrences
 from rankmeter.events.model import IMPRESSION_ACTION, Feedback, Impression, Rejected
@@ -36,7 +37,8 @@ class Rules:
         self.max_future_ms = duration_ms(settings.windows.max_future)
 
     def impression(self, query_id: str, ranker: str, timestamp: str | int, results: list[str],
-                   segment: str, now_ms: int, user_query: str | None = None) -> Impression | Rejected:
+                   segment: str, now_ms: int, user_query: str | None = None,
+                   client_id: str | None = None) -> Impression | Rejected:
         problem = check_query_id(query_id)
         if problem:
             return Rejected("invalid", problem)
@@ -44,7 +46,8 @@ class Rules:
             return Rejected("invalid", "ranker is empty")
         if len(results) > self.max_results:
             return Rejected("invalid", f"{len(results)} results, more than the limit of {self.max_results}")
-        problem = check_name("ranker", ranker) or check_name("segment", segment) or check_ids("results", results)
+        problem = (check_name("ranker", ranker) or check_name("segment", segment) or check_ids("results", results)
+                   or (check_id("client_id", client_id) if client_id else None))
         if problem:
             return Rejected("invalid", problem)
         ts = self.timestamp(timestamp, now_ms)
@@ -52,7 +55,8 @@ class Rules:
             return ts
         # A document repeated in the list keeps its first rank (brief §2).
         return Impression(query_id, ranker, ts, first_occurrences(results), segment,
-                          query_hash=query_hash(user_query) if user_query else "")
+                          query_hash=query_hash(user_query) if user_query else "",
+                          user_bucket=bucket_of(client_id) if client_id else -1)
 
     def known(self, action: str) -> bool:
         return action in ("judgment", IMPRESSION_ACTION) or action in self.grades

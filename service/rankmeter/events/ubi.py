@@ -33,7 +33,8 @@ class UbiDecoder:
                                        f"{self.ranker_attribute} nor application is a non-empty string")
         segment = attributes.get("segment")
         impression = self.rules.impression(ubi.query_id, ranker, ubi.timestamp, [str(h) for h in hits],
-                                           segment if isinstance(segment, str) else "", now_ms, ubi.user_query)
+                                           segment if isinstance(segment, str) else "", now_ms, ubi.user_query,
+                                           ubi.client_id)
         if hits or isinstance(impression, Rejected):
             return impression
         # No hit ids (the UBI data generator, the JavaScript collector): the query's

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from rankmeter.ab import clusters
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
@@ -38,14 +39,24 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     """(kind, why) when a stored experiment field cannot be read, else None. Names hold
     no \x1f (the decoder refuses control characters), so each part is one name."""
     kind = "interleaving" if field.startswith(INTERLEAVING) else "experiment"
-    parts, expected = field.count("\x1f") + 1, (4, 5) if kind == "interleaving" else (3,)
+    parts, expected = field.count("\x1f") + 1, (4, 5) if kind == "interleaving" else (3, 4)
     if parts not in expected:
         return kind, f"{parts} parts separated by \\x1f, not {' or '.join(map(str, expected))}"
-    if parts == 5 and not field.rsplit("\x1f", 1)[1].isdigit():
+    last = field.rsplit("\x1f", 1)[1]
+    if kind == "interleaving" and parts == 5 and not last.isdigit():
         return kind, "its start (the fifth part) is not epoch milliseconds"
+    if kind == "experiment" and parts == 4 and not (last.isdigit() and int(last) < clusters.BUCKETS):
+        return kind, f"its user bucket (the fourth part) is not a number below {clusters.BUCKETS}"
     if len(data) % 8 or (kind == "interleaving" and len(data) != 24):
         return kind, f"{len(data)} bytes of sums"
     return None
+
+
+def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> str:
+    """The field of an interleaving experiment's counts; with `ab.interleaving_start`
+    its start is part of it: a name reused with another start is another experiment."""
+    since = "" if start is None else f"\x1f{start}"
+    return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{since}"
 
 
 class Experiments:
@@ -64,6 +75,8 @@ class Experiments:
         start = settings.ab.interleaving_start
         self.interleaving_start: int | None = time_ms(start) if start else None
         self._notes: tuple[str, ...] = ()
+        self.by_user = settings.ab.unit == "user"
+        self.units_missing = 0  # impressions of an experiment by user without a client_id: left out
         self.result: Look | None = None               # the last look (partition 0's holder only)
         self.interleaving: list[Preference] = []
         self._last_history_ms = 0
@@ -103,6 +116,9 @@ class Experiments:
         phase = self.phase.phase
         if phase is None or impression.timestamp_ms < phase.since_ms:
             return ""
+        if self.by_user and impression.user_bucket < 0:
+            self.units_missing += 1  # no user to assign: not in the experiment (counted)
+            return ""
         return self.name or ""
 
     def _interleaving_field(self, experiment: str, teams: list[str]) -> str:
@@ -113,13 +129,7 @@ class Experiments:
         label = self.labels.label
         if label("experiment", experiment) != experiment or label("ranker", a) != a or label("ranker", b) != b:
             return NOT_COUNTED
-        return self._interleaving_counts(experiment, a, b)
-
-    def _interleaving_counts(self, experiment: str, a: str, b: str) -> str:
-        """The field of an interleaving experiment's counts; with `ab.interleaving_start`
-        its start is part of it: a name reused with another start is another experiment."""
-        start = "" if self.interleaving_start is None else f"\x1f{self.interleaving_start}"
-        return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{start}"
+        return interleaving_counts(experiment, a, b, self.interleaving_start)
 
     def move(self, keys: list[Touched], records: list[QueryRecord], values: np.ndarray,
              nums: np.ndarray, dens: np.ndarray, judged: np.ndarray) -> None:
@@ -147,6 +157,8 @@ class Experiments:
             if not counts:
                 continue
             field = f"{experiment}\x1f{record.ranker_label}\x1f{record.segment_label}"
+            if self.by_user:  # the user's bucket: whole users per bucket, independent clusters
+                field += f"\x1f{record.impression.user_bucket}"
             ps = self.held[k.partition]
             sums = ps.ab.get(field)
             if sums is None:
@@ -175,7 +187,7 @@ class Experiments:
             if outcome == record.interleaving_outcome:
                 continue
             if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it
-                field = self._interleaving_counts(impression.experiment, a, b)
+                field = interleaving_counts(impression.experiment, a, b, self.interleaving_start)
             ps = self.held[k.partition]
             counts = ps.ab.setdefault(field, np.zeros(3))
             if record.interleaving_outcome >= 0:
@@ -204,7 +216,7 @@ class Experiments:
             for field, data in fields.items():
                 if field == PAIRS or field.startswith(INTERLEAVING) or self._unreadable(p, field, data):
                     continue
-                name, ranker, segment = field.split("\x1f")
+                name, ranker, segment, *bucket = field.split("\x1f")
                 names.add(name)
                 vector = np.frombuffer(data)
                 if name != experiment:
@@ -212,7 +224,13 @@ class Experiments:
                 if len(vector) != phase.size:
                     self.unreadable.skip("experiment", f"{{{p}}}:ab", field, f"{len(data)} bytes, not {8 * phase.size}")
                     continue
-                vectors[(ranker, segment)] = vectors.get((ranker, segment), 0) + vector
+                if self.by_user != bool(bucket):
+                    continue  # (the unit is in the name: a field of another layout, not ours)
+                arm = (ranker, segment)
+                if self.by_user:  # one row per user bucket: the clusters of ab/clusters.py
+                    vectors.setdefault(arm, np.zeros((clusters.BUCKETS, phase.size)))[int(bucket[0])] += vector
+                else:
+                    vectors[arm] = vectors.get(arm, 0) + vector
         # What the running statistics keep depends on alpha and the mixture too.
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
@@ -220,7 +238,8 @@ class Experiments:
         running = self._running(state)
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running)
         notes = phase.notes(names)
-        result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes)
+        result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
+                                 unit=phase.phase.unit)
         if notes != self._notes:
             for note in notes:
                 log.warning(note, extra={"experiment": experiment})

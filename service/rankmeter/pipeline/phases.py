@@ -73,7 +73,7 @@ class Phase:
         if gone:
             out.append(f"not compared, not computed by this configuration: {', '.join(gone)}")
         others = sorted({n for n in stored_names if n.startswith(self.phase.prefix) and n != self.name
-                         and n[len(self.phase.prefix):].rsplit("@", 1)[0] != self.phase.split})
+                         and n[len(self.phase.prefix):].rsplit("@", 2)[0] != self.phase.split})
         if others:
             out.append("ab.split changed without a new ab.split_since: impressions applied since are "
                        "enrolled by when they were read, not when they were shown (set ab.split_since "

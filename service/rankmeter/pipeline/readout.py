@@ -33,3 +33,4 @@ class Readout:
     production_rankers: tuple[str, ...]             # alerts.production_rankers
     unreadable: Mapping[str, int]                   # kind -> stored fields skipped (unreadable.py)
     click_fit: Callable[[], fit.Look] | None = None  # the click models' last look (debias/fit.py)
+    ab_units_missing: Callable[[], int] = lambda: 0  # impressions of an experiment by user without a client_id

@@ -20,6 +20,12 @@ delivery order; `history.History` delivers them in event-time order.
 `Regression`s (`regressions.py`) degrade a ranker for an interval. Users and sessions are
 `users.py`'s, the true metrics `truth.py`'s.
 
+Assignment (`assign`): `"query"` (default) draws each query's ranker at random with the
+split; `"user"` is sticky per-user assignment as platforms do it: a user's arm is fixed by a
+hash of their client_id and the split (`users.arm_share`), so all of a user's queries go to
+one ranker. `user_sigma` is the σ of the users' click propensity (lognormal, mean 1;
+default 0.3), the heterogeneity that makes one user's queries correlated.
+
 With `interleave=(A, B)` every query is answered by a team-draft interleaving of A's and
 B's lists (`interleaving.py`), carrying brief §2's
 `interleaving: {"experiment": "A-vs-B", "teams": [...]}`; the click model is the same.
@@ -43,7 +49,7 @@ from rankmeter.simulator.corpus import Corpus, Query
 from rankmeter.simulator.interleaving import team_draft
 from rankmeter.simulator.regressions import REGRESSED_NOISE, Regression, check_regression
 from rankmeter.simulator.truth import TruthPoint, TruthTally
-from rankmeter.simulator.users import Users, Visit
+from rankmeter.simulator.users import PROPENSITY_SIGMA, Users, Visit, arm_share
 
 ATTRACTIVE = {0: 0.04, 1: 0.25, 2: 0.55, 3: 0.85}   # P(click | examined, true grade)
 DWELL_MEDIAN_S = {0: 4.0, 1: 15.0, 2: 40.0, 3: 80.0}
@@ -83,7 +89,13 @@ class Simulator:
                  purchase_cap_s: float = ATTRIBUTION_S, run_id: str | None = None,
                  truth_log: bool = False, examination: str | None = None,
                  track_examination: bool = False, degrade_share: float = 1.0,
-                 react: float = 0.0) -> None:
+                 react: float = 0.0, assign: str = "query",
+                 user_sigma: float = PROPENSITY_SIGMA) -> None:
+        if assign not in ("query", "user"):
+            raise ValueError(f"assign {assign!r}: query or user")
+        if assign == "user" and interleave is not None:
+            raise ValueError("--assign user assigns users to rankers; interleaving shows both to every query")
+        self.assign = assign
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
@@ -125,7 +137,7 @@ class Simulator:
         self.purchase_cap_ms = int(purchase_cap_s * 1000)
         self.rng = np.random.default_rng(seed)
         self.run_id = run_id or os.urandom(3).hex()  # query ids stay unique across runs
-        self.users = Users(users, self.rng)
+        self.users = Users(users, self.rng, propensity_sigma=user_sigma)
         self.truth = TruthTally()
         self.truth_log: list[TruthPoint] | None = [] if truth_log else None
         self._ideal: dict[str, dict[str, int]] = {}
@@ -152,16 +164,20 @@ class Simulator:
         timestamps are later than `now_ms` (see the module's docstring)."""
         if self.interleave is not None:
             return self._interleaved(now_ms, elapsed_s)
+        if self.assign == "user":  # the user first: their arm is fixed by their client_id
+            visit = self.users.visit(self.rng, now_ms)
+            ranker = self.rankers[0] if arm_share(visit.client) < self.split else self.rankers[1]
+            return self.answer(ranker, now_ms, elapsed_s, visit=visit)
         ranker = self.rankers[0] if self.rng.random() < self.split else self.rankers[1]
         if ranker is not self.rankers[0] and self.degrade_share < 1.0 and self.rng.random() >= self.degrade_share:
             return self.answer(ranker, now_ms, elapsed_s, lists=self.rankers[0])
         return self.answer(ranker, now_ms, elapsed_s)
 
     def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None,
-               lists: Ranker | None = None) -> list[Event]:
-        """One search answered by `ranker` at `now_ms`, by a user of `users` (default: all),
-        with the list of `lists` (default: `ranker`'s own)."""
-        visit = (users or self.users).visit(self.rng, now_ms)
+               lists: Ranker | None = None, visit: Visit | None = None) -> list[Event]:
+        """One search answered by `ranker` at `now_ms`, by `visit`'s user or else a user of
+        `users` (default: all), with the list of `lists` (default: `ranker`'s own)."""
+        visit = visit or (users or self.users).visit(self.rng, now_ms)
         query = self._sample_query()
         results = self.search(query, self._regressed(lists or ranker, elapsed_s))
         return self._events(ranker.name, query, results, [ranker.name] * len(results), {},

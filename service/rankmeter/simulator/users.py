@@ -1,12 +1,15 @@
-"""The simulated users: who searches, in which session, how readily they click."""
+"""The simulated users: who searches, in which session, how readily they click, and (per-user
+assignment) which arm they are in."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
 
 SESSION_GAP_MS = 30 * 60_000    # a user's queries this far apart start a new session
+PROPENSITY_SIGMA = 0.3          # σ of the users' click propensity (lognormal, mean 1)
 
 
 class Visit(NamedTuple):
@@ -18,14 +21,18 @@ class Visit(NamedTuple):
 class Users:
     """A user population with skewed activity: user i is picked with a weight drawn from a
     lognormal (σ 1.5: a few heavy users, a long tail of occasional ones), and clicks with a
-    propensity of their own (lognormal, mean 1, σ 0.3), so that one heavy user's queries are
-    alike, as real users' are, and a window's queries are not independent. A user's queries
-    less than 30 minutes apart form one session; a longer gap starts a new one."""
+    propensity of their own (lognormal, mean 1, σ `propensity_sigma`, default 0.3), so that
+    one heavy user's queries are alike, as real users' are, and a window's queries are not
+    independent. A user's queries less than 30 minutes apart form one session; a longer gap
+    starts a new one."""
 
     def __init__(self, count: int, rng: np.random.Generator, first: int = 0,
-                 session_gap_ms: int = SESSION_GAP_MS) -> None:
+                 session_gap_ms: int = SESSION_GAP_MS, propensity_sigma: float = PROPENSITY_SIGMA) -> None:
+        if not propensity_sigma >= 0.0:
+            raise ValueError(f"user sigma must be >= 0, got {propensity_sigma!r}")
         weights = rng.lognormal(0.0, 1.5, count)
-        self.propensity = rng.lognormal(-0.3 ** 2 / 2, 0.3, count)
+        sigma = propensity_sigma
+        self.propensity = rng.lognormal(-sigma ** 2 / 2, sigma, count)
         self.cumulative = np.cumsum(weights) / weights.sum()
         self.first, self.gap_ms = first, session_gap_ms
         self.last_ms: dict[int, int] = {}
@@ -41,3 +48,12 @@ class Users:
         user = self.first + i
         # Named by its start: unique across runs, and the same for the same seed and times.
         return Visit(f"u{user}", f"u{user}-{self.session_start[i]}", float(self.propensity[i]))
+
+
+def arm_share(client_id: str) -> float:
+    """A user's place in [0, 1) for sticky per-user assignment: BLAKE2b of the UTF-8
+    client_id, personalised so that it is independent of rankmeter's own bucket hash
+    (`rankmeter.ab.clusters.bucket_of`), as a platform's assignment hash would be. The user
+    is in the first arm when it is below the split: the same arm at every query."""
+    digest = hashlib.blake2b(client_id.encode("utf-8"), digest_size=8, person=b"rm-assign").digest()
+    return int.from_bytes(digest, "big") / 2.0 ** 64

@@ -1,0 +1,68 @@
+"""An experiment by user (`ab.unit: user`) on the pipeline: each arm's sums per user
+bucket, impressions without a client_id counted and left out, a client_id over the
+length limit refused like any other field (the statistics against statsmodels are in
+tests/integration/test_ab_users.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rankmeter import config
+from rankmeter.ab import clusters
+from rankmeter.events import Decoder, Rejected
+from rankmeter.events.rules import MAX_ID
+from rankmeter.source import Bus
+from rankmeter.store import MemoryStore
+
+from test_ab_pipeline import ENV, NOW_MS, START_MS, experiment_stream, feed, started
+
+
+def by_user(events, anonymous_every: int = 10):
+    """The stream with a client_id per impression (users with several queries), every
+    `anonymous_every`-th without one."""
+    out = []
+    for n, (stream, key, event) in enumerate(events):
+        if stream == "impressions" and n % anonymous_every:
+            event = {**event, "client_id": f"user{int(key[1:]) // 3}"}
+        out.append((stream, key, event))
+    return out
+
+
+def test_an_experiment_by_user_keeps_each_arm_per_user_bucket():
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS), "RANKMETER_AB_UNIT": "user"})
+    events = by_user(experiment_stream(3, 600, START_MS)[0])
+    store, bus = MemoryStore(), Bus(partitions=2)
+    pipeline = started(settings, store, bus)
+    feed(pipeline, bus, events)
+    look = pipeline.ab_look()
+    shown = [e for stream, _, e in events if stream == "impressions" and e["timestamp"] >= START_MS]
+    missing = sum("client_id" not in e for e in shown)
+    assert missing > 0 and pipeline.experiments.units_missing == missing
+    assert sum(a.queries for a in look.arms) == len(shown) - missing
+    # Every stored field names its user bucket; each user's queries are in one bucket.
+    fields = [f for p in store.ab.values() for f in p if f.startswith(look.experiment)]
+    buckets = {int(f.rsplit("\x1f", 1)[1]) for f in fields}
+    users = {e["client_id"] for e in shown if "client_id" in e}
+    assert fields and all(f.count("\x1f") == 3 for f in fields)
+    assert buckets == {clusters.bucket_of(u) for u in users}
+    assert look.unit == "user" and "@user@" in look.experiment
+
+
+def test_a_client_id_over_the_limit_is_refused_and_one_within_is_kept_as_its_bucket():
+    decoder = Decoder(config.load(None, {}))
+    event = {"query_id": "q", "ranker": "a", "timestamp": NOW_MS, "results": ["d"]}
+    long = decoder.impression(json.dumps({**event, "client_id": "u" * (MAX_ID + 1)}).encode(), NOW_MS)
+    assert isinstance(long, Rejected) and "client_id" in long.reason
+    kept = decoder.impression(json.dumps({**event, "client_id": "u42"}).encode(), NOW_MS)
+    assert kept.user_bucket == clusters.bucket_of("u42")
+    assert decoder.impression(json.dumps(event).encode(), NOW_MS).user_bucket == -1
+
+
+def test_the_unit_is_required_with_a_baseline():
+    with pytest.raises(config.ConfigError, match="ab.unit: required with ab.baseline"):
+        config.load(None, {**{k: v for k, v in ENV.items() if k != "RANKMETER_AB_UNIT"},
+                           "RANKMETER_AB_START": str(START_MS)})
+    np.testing.assert_equal(config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS)}).ab.unit, "query")
