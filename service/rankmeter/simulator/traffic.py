@@ -91,29 +91,18 @@ class Simulator:
                  track_examination: bool = False, degrade_share: float = 1.0,
                  react: float = 0.0, assign: str = "query",
                  user_sigma: float = PROPENSITY_SIGMA) -> None:
-        if assign not in ("query", "user"):
-            raise ValueError(f"assign {assign!r}: query or user")
-        if assign == "user" and interleave is not None:
-            raise ValueError("--assign user assigns users to rankers; interleaving shows both to every query")
+        check_knobs(assign, interleave, degrade_share)
         self.assign = assign
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
-        self.interleave: tuple[Ranker, Ranker] | None = None
         by_name = {r.name: r for r in self.rankers}
-        if interleave is not None:
-            unknown = [n for n in interleave if n not in by_name]
-            if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
-                raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; "
-                                 f"got {','.join(interleave)}")
-            self.interleave = (by_name[interleave[0]], by_name[interleave[1]])
-            self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
+        self.interleave = None if interleave is None else interleaving_pair(interleave, by_name)
+        self.experiment = "" if interleave is None else f"{interleave[0]}-vs-{interleave[1]}"
         self.click_model = make_click_model(click_model, examination)  # ValueError when unknown
         self.click_model_name, self.examination = click_model, examination
         # The true gap's knob (bench --gap): the second ranker shows its own list with this
         # probability, else the first ranker's: the true gap is about this share of the full one.
-        if not 0.0 <= degrade_share <= 1.0:
-            raise ValueError(f"degrade_share {degrade_share}: between 0 and 1")
         self.degrade_share = degrade_share
         # A ranker that reacts to clicks (as production rankers do through click features
         # or caches): a (query text, document)'s recent clicks c (decayed by REACT_DECAY at
@@ -339,6 +328,22 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
+
+
+def check_knobs(assign: str, interleave: tuple[str, str] | None, degrade_share: float) -> None:
+    if assign not in ("query", "user"):
+        raise ValueError(f"assign {assign!r}: query or user")
+    if assign == "user" and interleave is not None:
+        raise ValueError("--assign user assigns users to rankers; interleaving shows both to every query")
+    if not 0.0 <= degrade_share <= 1.0:
+        raise ValueError(f"degrade_share {degrade_share}: between 0 and 1")
+
+
+def interleaving_pair(interleave: tuple[str, str], by_name: dict[str, Ranker]) -> tuple[Ranker, Ranker]:
+    unknown = [n for n in interleave if n not in by_name]
+    if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
+        raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; got {','.join(interleave)}")
+    return by_name[interleave[0]], by_name[interleave[1]]
 
 
 def reactive_search(sim: Simulator, query: Query, ranker: Ranker, rng: np.random.Generator) -> list[str]:
