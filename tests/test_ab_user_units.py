@@ -66,3 +66,16 @@ def test_the_unit_is_required_with_a_baseline():
         config.load(None, {**{k: v for k, v in ENV.items() if k != "RANKMETER_AB_UNIT"},
                            "RANKMETER_AB_START": str(START_MS)})
     np.testing.assert_equal(config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS)}).ab.unit, "query")
+
+
+def test_a_stored_bucket_or_start_that_is_not_the_canonical_decimal_is_unreadable_not_a_crash():
+    # str.isdigit() holds for "²" (int() refuses it: it crashed every claim and look) and
+    # "١٢" (int() reads 12: a field the service never writes, mixed into bucket 12).
+    from rankmeter.pipeline.experiments import ab_problem
+    sums = np.zeros(4).tobytes()
+    assert ab_problem("e\x1fbm25\x1f\x1f12", sums) is None
+    for bucket in ("²", "١٢", "007", "128", "-1", "x", ""):
+        assert ab_problem(f"e\x1fbm25\x1f\x1f{bucket}", sums) is not None, bucket
+    counts = np.zeros(3).tobytes()
+    assert ab_problem("il\x1fe\x1fa\x1fb\x1f1800000000000", counts) is None
+    assert ab_problem("il\x1fe\x1fa\x1fb\x1f18²", counts) is not None
