@@ -93,6 +93,19 @@ def test_a_split_changed_without_a_new_since_is_said_in_the_report():
     assert f"phase: split {RAMPED}, unit query, impressions since " in table and f"note: {note}" in table
 
 
+def test_a_unit_changed_or_a_fleet_on_two_units_is_said_in_the_report():
+    settings, events, _, store, bus, first = an_experiment(3, 300, partitions=1)
+    feed(first, bus, events[:200])
+    second = started(settings_with(RANKMETER_AB_UNIT="user"), store, bus)
+    users = [(stream, key, {**e, "client_id": f"u{i % 40}"} if stream == "impressions" else e)
+             for i, (stream, key, e) in enumerate(events[200:])]
+    feed(second, bus, users)
+    look = second.ab_look()
+    [note] = look.notes
+    assert "the same phase is stored with ab.unit query too" in note
+    assert first.ab_look().notes == (note.replace("ab.unit query", "ab.unit user"),)
+
+
 def test_a_release_computing_one_more_signal_goes_on_with_the_experiment(monkeypatch):
     settings, events, *_ = an_experiment(11, 600, partitions=2)
     store, bus, cut = MemoryStore(), Bus(partitions=2), len(events) // 2

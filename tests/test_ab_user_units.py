@@ -66,3 +66,27 @@ def test_the_unit_is_required_with_a_baseline():
         config.load(None, {**{k: v for k, v in ENV.items() if k != "RANKMETER_AB_UNIT"},
                            "RANKMETER_AB_START": str(START_MS)})
     np.testing.assert_equal(config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS)}).ab.unit, "query")
+
+
+def test_a_stored_bucket_or_start_that_is_not_the_canonical_decimal_is_unreadable_not_a_crash():
+    # str.isdigit() holds for "²" (int() refuses it: it crashed every claim and look) and
+    # "١٢" (int() reads 12: a field the service never writes, mixed into bucket 12).
+    from rankmeter.pipeline.experiments import ab_problem
+    sums = np.zeros(4).tobytes()
+    assert ab_problem("e\x1fbm25\x1f\x1f12", sums) is None
+    for bucket in ("²", "١٢", "007", "128", "-1", "x", ""):
+        assert ab_problem(f"e\x1fbm25\x1f\x1f{bucket}", sums) is not None, bucket
+    counts = np.zeros(3).tobytes()
+    assert ab_problem("il\x1fe\x1fa\x1fb\x1f1800000000000", counts) is None
+    assert ab_problem("il\x1fe\x1fa\x1fb\x1f18²", counts) is not None
+
+
+def test_a_slow_look_is_spaced_so_looks_take_a_tenth_of_the_consuming_thread(caplog):
+    # With ab.unit: user a look reads 128 fields per arm, segment and partition: at scale it
+    # takes seconds, on the thread that consumes.
+    from rankmeter.serve import AB_INTERVAL_S, _next_look_interval
+    assert _next_look_interval(0.01, AB_INTERVAL_S) == AB_INTERVAL_S
+    assert _next_look_interval(2.0, AB_INTERVAL_S) == pytest.approx(20.0)
+    assert [r.getMessage() for r in caplog.records] == ["the experiment's look is slow: looking less often"]
+    assert _next_look_interval(2.1, 20.0) == pytest.approx(21.0)  # no new line for a small change
+    assert _next_look_interval(0.1, 21.0) == AB_INTERVAL_S and len(caplog.records) == 1

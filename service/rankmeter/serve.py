@@ -22,7 +22,8 @@ log = logging.getLogger("rankmeter.serve")
 
 LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
-AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at
+AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at, at most ...
+AB_LOOK_SHARE = 0.1               # ... and no more of the consuming thread's time than this
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
 DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
 
@@ -95,6 +96,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     if on_start is not None:
         on_start(pipeline, port)
     last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
+    ab_interval = AB_INTERVAL_S
     consumed = 0
     failures = 0  # batches the store failed in a row: the wait before reloading grows with them
     full = False  # the last of them failed for want of memory
@@ -155,9 +157,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 last_lag = now
                 if not _verify(pipeline, source, health):
                     reload[0] = True
-            if now - last_ab >= AB_INTERVAL_S:
+            if now - last_ab >= ab_interval:
                 last_ab = now
                 _look_at_experiment(pipeline, store.unavailable)
+                ab_interval = _next_look_interval(time.monotonic() - now, ab_interval)
             if now - last_progress >= PROGRESS_INTERVAL_S:
                 log.info("progress", extra={"records": consumed, "per_second": round(consumed / (now - last_progress)),
                                             "lag": lag.total(), "open_queries": pipeline.open_queries()})
@@ -269,6 +272,18 @@ def _refused(pipeline: Pipeline, source: Source, paused: set[int]) -> set[int]:
         source.pause(sorted(refused - paused))
         return refused
     return set()
+
+
+def _next_look_interval(took_s: float, interval_s: float) -> float:
+    """A look reads every partition's arm sums (with ab.unit: user, 128 fields per arm and
+    segment each): at many partitions, rankers and segments it takes seconds, on the
+    consuming thread. Spaced so that looks take at most AB_LOOK_SHARE of it; logged when
+    the interval grows by half or more."""
+    wanted = max(AB_INTERVAL_S, took_s / AB_LOOK_SHARE)
+    if wanted > AB_INTERVAL_S and wanted > 1.5 * interval_s:
+        log.warning("the experiment's look is slow: looking less often", extra={
+            "look_seconds": round(took_s, 3), "interval_seconds": round(wanted, 1)})
+    return wanted
 
 
 def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:

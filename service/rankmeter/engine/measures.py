@@ -309,7 +309,7 @@ def parse(name: str) -> Measure:
         if fam.cutoff == "none":
             raise ValueError(f"measure {name!r}: {fam_name} takes no @cut-off")
         if fam.cutoff_type is int:
-            if not raw_cutoff.isdigit() or int(raw_cutoff) < 1:
+            if not (raw_cutoff.isascii() and raw_cutoff.isdigit()) or int(raw_cutoff) < 1:
                 raise ValueError(f"measure {name!r}: the cut-off must be a whole number >= 1")
             cutoff = int(raw_cutoff)
         else:

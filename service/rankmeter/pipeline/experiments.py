@@ -43,9 +43,12 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     if parts not in expected:
         return kind, f"{parts} parts separated by \\x1f, not {' or '.join(map(str, expected))}"
     last = field.rsplit("\x1f", 1)[1]
-    if kind == "interleaving" and parts == 5 and not last.isdigit():
+    # The canonical decimal the writer produces: str.isdigit() also holds for "²" (which
+    # int() refuses) and "١٢" (which it reads as 12).
+    decimal = last.isascii() and last.isdigit() and str(int(last)) == last
+    if kind == "interleaving" and parts == 5 and not decimal:
         return kind, "its start (the fifth part) is not epoch milliseconds"
-    if kind == "experiment" and parts == 4 and not (last.isdigit() and int(last) < clusters.BUCKETS):
+    if kind == "experiment" and parts == 4 and not (decimal and int(last) < clusters.BUCKETS):
         return kind, f"its user bucket (the fourth part) is not a number below {clusters.BUCKETS}"
     if len(data) % 8 or (kind == "interleaving" and len(data) != 24):
         return kind, f"{len(data)} bytes of sums"

@@ -72,10 +72,17 @@ class Phase:
         gone = [i for i, c in zip(self.definition, self.columns) if c is None]
         if gone:
             out.append(f"not compared, not computed by this configuration: {', '.join(gone)}")
-        others = sorted({n for n in stored_names if n.startswith(self.phase.prefix) and n != self.name
-                         and n[len(self.phase.prefix):].rsplit("@", 2)[0] != self.phase.split})
+        # The same phase start stored under another split or unit (split@unit@hash).
+        same_start = [parts for n in stored_names if n.startswith(self.phase.prefix) and n != self.name
+                      and len(parts := n[len(self.phase.prefix):].rsplit("@", 2)) == 3]
+        others = sorted({split for split, _, _ in same_start if split != self.phase.split})
         if others:
             out.append("ab.split changed without a new ab.split_since: impressions applied since are "
                        "enrolled by when they were read, not when they were shown (set ab.split_since "
                        f"to the time the split took effect); other splits stored: {len(others)}")
+        units = sorted({unit for split, unit, _ in same_start if split == self.phase.split and unit != self.phase.unit})
+        if units:
+            out.append(f"the same phase is stored with ab.unit {', '.join(units)} too: another replica or an "
+                       f"earlier configuration; these results hold only this configuration's share "
+                       f"(changing ab.unit is a restart: set a new ab.split_since)")
         return tuple(out)

@@ -51,7 +51,7 @@ class Records:
         all share. One whose layout is unknown adds its whole value again; its bucket was
         dropped (see `Claims._load_buckets`)."""
         current = len(history) - 1
-        generation = int(record.layout) if record.layout.isdigit() else -1
+        generation = int(record.layout) if record.layout.isascii() and record.layout.isdigit() else -1
         if generation == current:
             return record
         legacy = isinstance(record.contribution, bytes)  # format 1: the vector itself
