@@ -78,18 +78,25 @@ def deploy(services, tmp_path, click_model) -> dict:
         producer.flush()
 
     learn = [e for e in events if e[0] < learn_ms]
+    # Held-out queries are scored only once a look has estimated the models: the first
+    # half of the learning phase first, so that the second's held-out queries are scored.
+    first, second = learn[:len(learn) // 2], learn[len(learn) // 2:]
     with Serve(services.kafka_bootstrap, services.redis_url, topics, f"g{uuid.uuid4().hex[:8]}",
                f"rm{uuid.uuid4().hex[:8]}", extra_env=ENV, log_path=tmp_path / f"serve-{click_model.__name__}.log"
                ).start(create_topics=None, args=["--event-clock"]) as serve:
         # The look (every 5 s of processing time) decides on the learning phase's harvest
         # before the evaluated searches are shown: a replay would otherwise outrun it.
-        produce(learn)
+        produce(first)
+        serve.wait_for_events(len(first), seconds=60)
+        wait_until(lambda: any(k[0] == "rankmeter_propensity" for k in serve.metrics()), 60, "propensities estimated")
+        produce(second)
         serve.wait_for_events(len(learn), seconds=60)
         wait_until(lambda: len(by_label(serve.metrics(), "rankmeter_click_model_perplexity", "model")) == 2,
                    30, "both click models scored")
         produce(events[len(learn):])
         serve.wait_for_events(len(events), seconds=60)
-        time.sleep(0.5)  # (the last batch's scrape)
+        wait_until(lambda: sum(by_label(serve.metrics(), "rankmeter_debias_valid", "reason").values()) == 1,
+                   30, "the fit test's reason exported")
         metrics = serve.metrics()
     producer.close()
     return metrics
