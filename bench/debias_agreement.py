@@ -45,13 +45,22 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rankmeter.config import Evaluation
-from rankmeter.debias import Harvester, dcg, dcg_of, estimate, weights
+from rankmeter.debias import DEFAULT_CAPACITY, DEFAULT_MIN_PAIRS, dcg, dcg_of, weights
 from rankmeter.debias import grades as ipw_grades
+from rankmeter.debias.tables import ModelTables, decide
 from rankmeter.engine import QueryState, evaluate, parse, stack
+from rankmeter.engine.query import first_occurrences
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 
 MEASURES = [parse("nDCG@10"), parse("DCG@10")]
-CONFIGS = ("pbm/power-0.9", "pbm/power-1.5", "pbm/exp-0.75", "pbm/plateau-3", "cascade")
+# The issue-22 configurations by short name (model, examination curve, click reaction β);
+# the older "model/curve" names are accepted too.
+NAMED = {"pbm": ("pbm", "power-0.9", 0.0), "pbm2": ("pbm", "power-1.5", 0.0), "cascade": ("cascade", None, 0.0),
+         "dcm": ("dcm", None, 0.0), "reactive": ("pbm", "power-0.9", 1.0)}
+CONFIGS = (*NAMED, "pbm/power-0.9", "pbm/power-1.5", "pbm/exp-0.75", "pbm/plateau-3")
+# The true nDCG@10 gap with every bm25-degraded query on its own list (pbm/power-0.9, 40
+# seeds): --gap g shows the degraded list in a share g / FULL_GAP of its queries.
+FULL_GAP = 0.372
 SERIES = ("truth", "raw", "ipw-estimated", "ipw-true")
 # nDCG@10 with a normaliser that does not come from the list: the pooled per-query-text
 # ideal (`Harvester.ideal_dcg`), and a constant (the ideal DCG@10 of ten grade-3 results).
@@ -67,18 +76,20 @@ SUPPORTS = (1, 3, 10, 30)
 VARIANTS = [(m, agg, explicit) for m in SUPPORTS for agg in ("macro", "cap 1", "micro")
             for explicit in (False, True)]
 TUNED, DEGRADED = (r.name for r in DEFAULT_RANKERS)
+LOOK_EVERY = 500  # queries between two looks at the propensities and the fit
 
 
 class Query:
     """One evaluated query: its list, the service's grades (implicit and explicit) and the
     hidden ones."""
-    __slots__ = ("ranker", "results", "implicit", "explicit", "truth", "ideal")
+    __slots__ = ("ranker", "results", "implicit", "explicit", "truth", "ideal", "exported")
 
     def __init__(self, ranker: str, results: list[str], truth: Mapping[str, int]) -> None:
         self.ranker, self.results, self.truth = ranker, results, truth
         self.implicit: dict[str, float] = {}
         self.explicit: dict[str, float] = {}
         self.ideal: dict[tuple[int, str], float | None] = {}  # (min support, weights) -> pooled ideal
+        self.exported: float | None = None  # the service's debiased nDCG@10 (the chosen click model)
 
 
 def grade_of(value: dict, rules: Evaluation) -> float:
@@ -124,21 +135,29 @@ def pooled(q: Query, w: list[float], p: Sequence[float | None], support: int, ca
 
 
 def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
-             main: tuple[int, bool, bool]) -> dict:
+             main: tuple[int, bool, bool], degrade_share: float = 1.0, react: float = 0.0,
+             lean: bool = False) -> dict:
     sim = Simulator(seed=seed, run_id=f"s{seed}", click_model=model, examination=curve,
-                    track_examination=True)
+                    track_examination=True, degrade_share=degrade_share, react=react)
     rules = Evaluation()
-    harvester = Harvester()
+    tables = ModelTables(10, DEFAULT_CAPACITY)
+    harvester = tables.pbm  # the pbm table: the rows of the list's own ideal and the pooled variants
+    look = None
     window_queries: list[Query] = []
     by_text = {q.text: q for q in sim.corpus.queries}
     estimated: list[float | None] = []
     true: list[float | None] = []
     w: dict[str, list[float]] = {}
     for i in range(learn + window):
+        if i % LOOK_EVERY == 0 and 0 < i <= learn:
+            # A look, as the service's (every 5 s; here every LOOK_EVERY queries): both
+            # models' estimates, the fit test, the model chosen.
+            look = decide(tables.vector(), 10, DEFAULT_MIN_PAIRS, look)
+            tables.looked(look)
         if i == learn:
             # The propensities of the window: estimated from the harvest before it (as the
             # live service refreshes them now and then), and the simulator's so far.
-            estimated = estimate(harvester.sums).relative
+            estimated = tables.look.pbm.relative
             t = sim.true_examination()
             true = (t / t[0]).tolist()
             w = {"estimated": weights(estimated, 10), "true": weights(true, 10)}
@@ -162,12 +181,18 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
         # As the pipeline will: when the query closes, harvest it with its implicit grades,
         # then read its text's pooled ideal (this query included).
         text = impression["user_query"]
-        harvester.observe(text, impression["results"], clicked, query.implicit)
+        tables.observe(impression["query_id"], text, impression["results"], clicked, query.implicit)
         if i >= learn:
-            for support in SUPPORTS:
+            for support in (main[0],) if lean else SUPPORTS:
                 harvester.min_support = support
                 for which in ("estimated", "true"):
                     query.ideal[(support, which)] = harvester.ideal_dcg(text, w[which])
+            harvester.min_support = tables.ubm.min_support = main[0]
+            ideal = tables.ideal_dcg(text, 10)
+            if ideal:
+                weighted = tables.weights(query.results, clicked, 10)
+                gains = [query.implicit.get(d, 0.0) * x for d, x in zip(first_occurrences(query.results), weighted)]
+                query.exported = dcg_of(gains, 10) / ideal
             window_queries.append(query)
     values = {
         "truth": macro(window_queries, lambda q: q.truth),
@@ -177,15 +202,14 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
     }
     wq = window_queries
     support, cap, explicit = main
-    values["ipw-pooled-estimated"] = {"nDCG@10": per_ranker(wq, [
-        pooled(q, w["estimated"], estimated, support, cap, explicit, "estimated") for q in wq])}
+    values["ipw-pooled-estimated"] = {"nDCG@10": per_ranker(wq, [q.exported for q in wq])}
     values["ipw-pooled-true"] = {"nDCG@10": per_ranker(wq, [
         pooled(q, w["true"], true, support, cap, explicit, "true") for q in wq])}
     # DCG@10 over a constant: every query counts (a query without a click scores 0).
     values["ipw-constant-estimated"] = {"nDCG@10": per_ranker(wq, [
         dcg(q.results, ipw_grades(q.results, q.implicit, estimated, q.explicit)) / CONSTANT_IDEAL for q in wq])}
     sensitivity = {}
-    for v in VARIANTS:
+    for v in () if lean else VARIANTS:
         support, agg, explicit = v
         per_query = [pooled(q, w["estimated"], estimated, support, agg == "cap 1", explicit, "estimated")
                      for q in wq]
@@ -199,7 +223,9 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
                           float(np.mean([x is not None for x in per_query])))
     return {"gap": {row: values[row[1]][row[0]][TUNED] - values[row[1]][row[0]][DEGRADED] for row in ROWS},
             "tuned": {row: values[row[1]][row[0]][TUNED] for row in ROWS},
-            "sensitivity": sensitivity,
+            "sensitivity": sensitivity, "valid": tables.look.valid, "reason": tables.look.reason,
+            "model": tables.look.model, "perplexity": tables.look.perplexity, "checks": tables.look.checks,
+            "ubm": tables.look.ubm.relative, "ubm_support": tables.look.ubm.support,
             "estimated": [np.nan if p is None else p for p in estimated], "true": true}
 
 
@@ -245,7 +271,7 @@ def report(config: str, runs: list[dict], main: tuple[int, bool, bool]) -> str:
               "(ten grade-3 results).", "",
               "| pooled variant (estimated p; macro = mean of per-query values) | gap (95% CI) | share of the true gap | right order | 95% CI "
               "| queries judged |", "|---|---|---|---|---|---|"]
-    for v in VARIANTS:
+    for v in VARIANTS if runs[0]["sensitivity"] else ():
         gaps = np.array([r["sensitivity"][v][0] for r in runs])
         mean, lo, hi = t_interval(gaps)
         right = int(np.sum(gaps > 0))
@@ -278,10 +304,37 @@ def report(config: str, runs: list[dict], main: tuple[int, bool, bool]) -> str:
     return "\n".join(lines)
 
 
+def summary(runs: list[dict], config: str, gap: float) -> str:
+    """The configuration's last line: the exported value (pooled IPW nDCG@10, where the fit
+    test kept it) right in how many seeds, its share of the true gap, the seeds withdrawn;
+    then raw click nDCG@10's, overall and in the withdrawn seeds."""
+    n = len(runs)
+    exported, raw, truth = (("nDCG@10", s) for s in ("ipw-pooled-estimated", "raw", "truth"))
+    kept = [r for r in runs if r["valid"]]
+    withdrawn = [r for r in runs if not r["valid"]]
+    right = sum(r["gap"][exported] > 0 for r in kept)
+    truth_gap = float(np.mean([r["gap"][truth] for r in runs]))
+    share = float(np.mean([r["gap"][exported] for r in kept])) / truth_gap if kept else float("nan")
+    raw_right = sum(r["gap"][raw] > 0 for r in runs)
+    raw_share = float(np.mean([r["gap"][raw] for r in runs])) / truth_gap
+    lo, hi = wilson(right, n)
+    rlo, rhi = wilson(raw_right, n)
+    reasons = ",".join(f"{x} {sum(r['reason'] == x for r in withdrawn)}"
+                       for x in sorted({r["reason"] for r in withdrawn})) or "-"
+    models = ", ".join(f"{m} {sum(r['model'] == m for r in runs)}" for m in sorted({r["model"] for r in runs}))
+    return (f"right={right}/{n} share={share:.2f} withdrawn={len(withdrawn)} ({config}, gap {gap:g}; "
+            f"right 95% CI {lo:.0%}-{hi:.0%}; true gap {truth_gap:.3f}; "
+            f"raw right={raw_right}/{n} {rlo:.0%}-{rhi:.0%} share={raw_share:.2f}; "
+            f"raw right where withdrawn={sum(r['gap'][raw] > 0 for r in withdrawn)}/{len(withdrawn)}; "
+            f"reasons {reasons}; model chosen: {models})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", choices=CONFIGS,
                         help="click model/examination curve (repeatable; default all)")
+    parser.add_argument("--gap", type=float, default=FULL_GAP,
+                        help=f"true nDCG@10 gap between the rankers, about (at most {FULL_GAP})")
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--learn", type=int, default=6000, help="queries harvested before the window")
@@ -291,17 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", action="store_true", help="ipw-pooled rows: cap each query's value at 1")
     parser.add_argument("--explicit", action="store_true",
                         help="ipw-pooled rows: explicit judgments in the numerator (they win)")
+    parser.add_argument("--lean", action="store_true",
+                        help="leave out the pooled variants' sensitivity table (a third faster)")
     args = parser.parse_args(argv)
     main = (args.min_support, args.cap, args.explicit)
-    for config in args.config or CONFIGS:
-        model, _, curve = config.partition("/")
+    share = min(max(args.gap / FULL_GAP, 0.0), 1.0)
+    for config in args.config or tuple(NAMED):
+        model, curve, react = NAMED.get(config) or (*config.partition("/")[::2], 0.0)
         started = time.monotonic()
         runs = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            runs.append(run_seed(model, curve or None, seed, args.learn, args.window, main))
+            runs.append(run_seed(model, curve or None, seed, args.learn, args.window, main, share, react, args.lean))
             print(f"\r{config}: seed {seed} ({time.monotonic() - started:.0f} s)", end="", file=sys.stderr)
         print(file=sys.stderr)
-        print(report(config, runs, main) + "\n", flush=True)
+        print(f"{report(config, runs, main)}\n\n{summary(runs, config, args.gap)}\n", flush=True)
     return 0
 
 

@@ -128,11 +128,18 @@ def overview() -> dict:
             panel("nDCG@10: raw clicks and position-bias corrected",
                   [(ratio("ranker", "nDCG@10"), "{{ranker}} raw"),
                    (ratio("ranker", "nDCG@10", family="rankmeter_debiased_quality", grading='="ipw"'),
-                    "{{ranker}} debiased")], 0, 38, unit="percentunit",
+                    "{{ranker}} debiased"),
+                   ("max by (reason) (rankmeter_debias_valid) == 1", "debiased valid: {{reason}}")],
+                  0, 38, unit="percentunit",
                   description="Raw: the grades as users gave them (clicks favour the top ranks). Debiased "
-                              "(grading=\"ipw\"): each click weighted by 1 / the estimated examination of its rank, "
-                              "over the query text's pooled ideal. Compare the rankers' gap: raw click metrics "
-                              "compress it (docs/debiasing.md, \"Raw and debiased click metrics\")."),
+                              "(grading=\"ipw\"): each click weighted by 1 / the estimated examination of its rank "
+                              "(given the clicks above it, when the cascade-capable click model fits better), over "
+                              "the query text's pooled ideal. Compare the rankers' gap: raw click metrics compress "
+                              "it. The debiased series are exported only while the fit test holds; \"debiased "
+                              "valid\" names the reason they are exported (ok) or withdrawn "
+                              "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker, "
+                              "unexamined_below_clicks: "
+                              "docs/debiasing.md)."),
             panel("Examination by rank (estimated)",
                   [("max by (rank) (rankmeter_propensity)", "rank {{rank}}")], 12, 38, kind="bargauge",
                   unit="percentunit",

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from rankmeter import config
-from rankmeter.debias.propensity import Harvester, Propensities
+from rankmeter.debias.propensity import Propensities
+from rankmeter.debias.tables import ModelTables
 from rankmeter.events import query_hash
 from rankmeter.pipeline import IPW, PAIRS, Pipeline
 from rankmeter.pipeline.position_bias import PositionBias
@@ -129,7 +130,7 @@ def test_the_harvest_is_checkpointed_and_survives_a_restart(run):
     assert all(PAIRS in fields for fields in stored.values()) and len(stored) == 2
     # Each partition is credited with what its own queries added to the shared table: no more.
     total = sum(np.frombuffer(fields[PAIRS]) for fields in stored.values())
-    np.testing.assert_allclose(total, pipeline.harvester.sums.to_vector(), atol=1e-9)
+    np.testing.assert_allclose(total, pipeline.position_bias.tables.vector(), atol=1e-9)
     again = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS + 12_000 * 500))
     again.assign(store.partitions())
     for p, state in again.partitions.items():
@@ -280,8 +281,9 @@ def test_whether_a_query_counts_is_decided_before_its_clicks():
 def test_nothing_is_debiased_before_the_first_estimate_and_each_query_is_harvested_once(monkeypatch):
     observed: list[str] = []
     harvested: list[str] = []
-    real_observe, real_harvest = Harvester.observe, PositionBias.harvest
-    monkeypatch.setattr(Harvester, "observe", lambda self, q, *a: (observed.append(q), real_observe(self, q, *a)))
+    real_observe, real_harvest = ModelTables.observe, PositionBias.harvest
+    # (each harvested query into the click-model tables: learned from, or held out and scored)
+    monkeypatch.setattr(ModelTables, "observe", lambda self, q, *a: (observed.append(q), real_observe(self, q, *a)))
     monkeypatch.setattr(PositionBias, "harvest", lambda self, due: (
         harvested.extend(q for qids in due.values() for q in qids), real_harvest(self, due)))
     pipeline, _, _ = simulate(seed=9, queries=1_500, look=False)

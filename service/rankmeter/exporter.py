@@ -22,6 +22,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFam
                                    Metric)
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from rankmeter.debias.fit import REASONS, Look
 from rankmeter.pipeline import IPW
 from rankmeter.pipeline.readout import Readout
 from rankmeter.windows import BIN_EDGES
@@ -120,7 +121,15 @@ class PipelineCollector:
                 squares.add_metric([metric, *base], s.value_squares)
         yield from (quality, numerator, denominator, squares, queries, distribution)
         if self.readout.debiased:
+            look = self.readout.click_fit() if self.readout.click_fit is not None else None
+            if look is not None and not look.valid:
+                # Withdrawn while the fit test fails (debias/fit.py): the families, no series.
+                debiased, debiased_numerator, debiased_denominator = (
+                    GaugeMetricFamily(f.name, f.documentation, labels=debiased_labels)
+                    for f in (debiased, debiased_numerator, debiased_denominator))
             yield from (debiased, debiased_numerator, debiased_denominator, *self._propensities())
+            if look is not None:
+                yield from click_fit_metrics(look)
         yield self._ranker_info(sorted({v.ranker for v in views}))
 
         events = CounterMetricFamily("rankmeter_events", "Events consumed, by stream and outcome.",
@@ -281,6 +290,29 @@ class PipelineCollector:
                                  labels=["experiment", "baseline", "split", "since", "unit"])
         info.add_metric([result.experiment, result.baseline, result.split, str(result.since_ms), result.unit], 1)
         yield from (queries, judged, srm, info)
+
+
+def click_fit_metrics(look: Look) -> Iterator[Metric]:
+    """Whether the debiased series are exported and why (1 for the current reason, 0 for the
+    others, so a dashboard sees every reason), and each click model's held-out perplexity."""
+    valid = GaugeMetricFamily(
+        "rankmeter_debias_valid", "1 for the reason the debiased series are exported (ok) or withdrawn "
+        "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker, "
+        "unexamined_below_clicks), 0 for the others.",
+        labels=["reason"])
+    for reason in REASONS:
+        valid.add_metric([reason], float(reason == look.reason))
+    perplexity = GaugeMetricFamily(
+        "rankmeter_click_model_perplexity", "Held-out click perplexity of each click model (1 is perfect, "
+        "lower is better), from the harvested queries held out of the estimate.", labels=["model"])
+    chosen = GaugeMetricFamily(
+        "rankmeter_click_model_chosen", "1 for the click model whose examination probabilities weigh the "
+        "debiased series, 0 for the others.", labels=["model"])
+    for model, value in look.perplexity.items():
+        chosen.add_metric([model], float(model == look.model))
+        if value is not None:
+            perplexity.add_metric([model], value)
+    yield from (valid, perplexity, chosen)
 
 
 class Exporter:

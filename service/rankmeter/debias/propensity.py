@@ -154,11 +154,18 @@ class Harvester:
         implicit grades (brief §3's grade map; a document missing has grade 0). Explicit
         judgments stay out: they carry no position bias to pool. Without `grades` nothing
         is pooled for this query."""
+        # A repeated id keeps its first rank, as the metric engine's QueryState does.
+        self.observe_placed(query, list(enumerate(list(dict.fromkeys(shown))[:self.ranks])), clicked, grades)
+
+    def observe_placed(self, query: str, placed: Sequence[tuple[int, str]], clicked: Collection[str],
+                       grades: Mapping[str, float] | None = None) -> None:
+        """`observe` with each document's slot given: (slot, document), slots < `ranks`,
+        each document once. A slot is a rank here; for the UBM table
+        (`clickmodels.placements`) a rank and the distance to the last click above."""
         clicks, pairs = self.sums
         docs = self.by_query.setdefault(query, {})
         k_all = range(self.ranks)
-        # A repeated id keeps its first rank, as the metric engine's QueryState does.
-        for rank, doc in enumerate(list(dict.fromkeys(shown))[:self.ranks]):
+        for rank, doc in placed:
             key = (query, doc)
             entry = self.entries.get(key)
             if entry is None:
@@ -203,7 +210,8 @@ class Harvester:
     def relevance(self, query: str, weights: Sequence[float]) -> dict[str, float]:
         """r̂(q, d) = Σ_k w_k G_k / Σ_k N_k of each of the query's documents with at least
         `min_support` graded impressions (module docstring). `weights[k]` is the IPW weight
-        of rank k+1 (`ipw.weights`); ranks past its end take its last weight."""
+        of rank k+1 (`ipw.weights`), or of slot k (the ubm table's); ranks past its end
+        take its last weight."""
         docs = self.by_query.get(query)
         if not docs:
             return {}
@@ -264,6 +272,8 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
             break
         reach = grown
     use = np.flatnonzero(reach)
+    if len(use) == 1:  # rank 1 linked to no other supported rank: nothing but itself to say
+        return Propensities([1.0] + [None] * (k - 1), support.tolist(), 0)
     n = sums.pairs[np.ix_(use, use)]
     c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
     nc = n - c

@@ -96,7 +96,8 @@ class Pipeline:
             fenced_total=lambda: ledger.fenced_total, open_queries=functools.partial(_open_queries, held),
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
-            unreadable=self.unreadable.counts, ab_units_missing=lambda: experiments.units_missing,
+            unreadable=self.unreadable.counts, click_fit=lambda: bias.look_result,
+            ab_units_missing=lambda: experiments.units_missing,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----

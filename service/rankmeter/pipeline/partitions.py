@@ -15,6 +15,7 @@ from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.experiments import ab_problem
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.offsets import Bounds, OffsetChecks
+from rankmeter.debias.tables import upgrade
 from rankmeter.pipeline.state import PAIRS, PartitionState, Reset
 from rankmeter.store import FENCED, Store
 from rankmeter.unreadable import Unreadable
@@ -111,10 +112,8 @@ class Claims:
             # interleaving counts are the same in every layout.
             state.ab = self._load_ab(p, snapshot.ab)
             if self.debiased:
-                stored_pairs = state.ab.get(PAIRS)
-                size = 2 * self.settings.debias.ranks ** 2
-                state.pair_sums = stored_pairs if stored_pairs is not None and len(stored_pairs) == size \
-                    else np.zeros(size)
+                # (an older version's, pbm only, is padded: debias/tables.py)
+                state.pair_sums = upgrade(state.ab.get(PAIRS), self.settings.debias.ranks)
             if not state.history or state.history[-1] != current.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.

@@ -1,16 +1,19 @@
 """Position bias (debias/): the harvest of queries whose clicks are final, the debiased
-measures' values and population, the pooled ideals, and the look at the propensities."""
+measures' values and population, the pooled ideals, and the look at the click models and
+their fit test (debias/fit.py): while it fails, the debiased series are withdrawn."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import numpy as np
 
 from rankmeter.config import Settings
 from rankmeter.debias import ipw
-from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate, merge
+from rankmeter.debias.clickmodels import slots
+from rankmeter.debias.fit import Look, from_fields, to_fields
+from rankmeter.debias.propensity import Harvester, Propensities
+from rankmeter.debias.tables import ModelTables, decide, upgrade, vector_size
 from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
@@ -23,20 +26,43 @@ class PositionBias:
         self.store = store
         self.held = held
         self.measures = parse_all(settings.debias.measures)
-        # Examination propensity per rank, relative to rank 1 (None: not estimated yet),
-        # from every partition's harvest: estimated by partition 0's holder, read by all.
-        self.propensities = Propensities([None] * settings.debias.ranks, [0.0] * settings.debias.ranks, 0)
-        self.harvester: Harvester | None = None
+        d = settings.debias
+        # The click models' tables (one for every partition held: a query text's impressions
+        # are spread over partitions, keyed by query_id, and its pooled ideal needs them
+        # together), and the last look: examination per rank (pbm) and per slot (ubm), the
+        # model chosen, the fit test's reason; decided by partition 0's holder from every
+        # partition's sums, read by all.
+        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
         self._ideals: dict[tuple[str, int], float | None] = {}  # (query text, depth) -> pooled ideal DCG
-        self.restart()
+        self._looked = False
+
+    @property
+    def harvester(self) -> Harvester | None:
+        """The pbm table (`debias.propensity.Harvester`), None with the measures off."""
+        return self.tables.pbm if self.measures else None
+
+    @property
+    def propensities(self) -> Propensities:
+        return self.tables.look.pbm
+
+    @propensities.setter
+    def propensities(self, found: Propensities) -> None:
+        """pbm propensities set by hand (tests): trusted, pbm weighs."""
+        self.tables.looked(self.tables.look._replace(pbm=found, model="pbm", reason="ok"))
+        self._ideals = {}
+
+    @property
+    def look_result(self) -> Look:
+        return self.tables.look
 
     def restart(self) -> None:
-        """A new harvest table, as after a store failure: the one kept may hold a batch that
-        was never stored (and will be replayed); the stored pair sums are what counts.
-        One harvest table for every partition held: a query text's impressions are spread
-        over partitions (keyed by query_id), and its pooled ideal needs them together."""
+        """New tables, as after a store failure: the ones kept may hold a batch that was
+        never stored (and will be replayed); the stored sums are what counts. The last
+        look's parameters stay."""
         d = self.settings.debias
-        self.harvester = Harvester(d.ranks, d.capacity) if self.measures else None
+        look = self.tables.look
+        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
+        self.tables.looked(look)
         self._ideals = {}
 
     def forget_ideals(self) -> None:
@@ -47,17 +73,19 @@ class PositionBias:
         """Queries whose clicks are final (their implicit attribution is over) into the
         position-bias harvest, once each (`debias.propensity`); what they add to the pair
         sums goes to their partition's, stored with its next checkpoint."""
+        if not self.measures:
+            return
         for p, qids in due.items():
             ps = self.held.get(p)
-            if ps is None or ps.pair_sums is None or self.harvester is None:
+            if ps is None or ps.pair_sums is None:
                 continue
-            before = self.harvester.sums.to_vector()
+            before = self.tables.vector()
             for qid in qids:
                 record = ps.records.get(qid)
                 if record is not None and record.impression is not None:
-                    self.harvester.observe(record.impression.query_hash, record.impression.results,
-                                           set(record.clicked), record.implicit)
-            ps.pair_sums = ps.pair_sums + (self.harvester.sums.to_vector() - before)
+                    self.tables.observe(qid, record.impression.query_hash, record.impression.results,
+                                        set(record.clicked), record.implicit)
+            ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
 
@@ -72,22 +100,26 @@ class PositionBias:
         of the propensities, the query has no value.
         Explicit judgments are left out: they carry no position bias, and the raw series
         has them."""
-        if self.propensities.relative[0] is None:
-            values[:], nums[:], dens[:] = np.nan, 0.0, 0.0  # nothing to weigh with yet: no value
+        look = self.tables.look
+        if look.chosen.relative[0] is None or not look.valid:
+            # Nothing to weigh with yet, or the fit test fails: no value (and a query shown
+            # now never counts, as before the first estimate).
+            values[:], nums[:], dens[:] = np.nan, 0.0, 0.0
             return
         depth = max(int(m.cutoff) for m in self.measures)
-        weights = ipw.weights(self.propensities.relative, max(depth, self.settings.debias.ranks),
-                              self.settings.debias.max_weight)
         for i, r in enumerate(records):
             implicit, impression = r.implicit, r.impression
-            gains = [implicit.get(doc, 0.0) * w for doc, w in zip(impression.results[:depth], weights)]
+            # pbm: the same weights for every list; ubm: given the clicks above each rank.
+            weights = self.tables.weights(impression.results, r.clicked, depth)
+            ranked = list(dict.fromkeys(impression.results))[:depth]
+            gains = [implicit.get(doc, 0.0) * w for doc, w in zip(ranked, weights)]
             for j, m in enumerate(self.measures):
                 k = int(m.cutoff)
                 dcg = ipw.dcg_of(gains, k)
                 if m.family == "DCG":
                     values[i, j], nums[i, j], dens[i, j] = dcg, dcg, 1.0
                     continue
-                ideal = self._ideal(impression.query_hash, weights, k)
+                ideal = self._ideal(impression.query_hash, k)
                 if ideal:
                     values[i, j], nums[i, j], dens[i, j] = dcg / ideal, dcg, ideal
                 else:
@@ -113,43 +145,43 @@ class PositionBias:
                 held[i] = True
         return held
 
-    def _ideal(self, query: str, weights: list[float], depth: int) -> float | None:
-        """The query text's pooled ideal DCG, cached until the propensities are looked at
-        again (every 5 s in serve): what that text's harvest adds meanwhile waits until
+    def _ideal(self, query: str, depth: int) -> float | None:
+        """The query text's pooled ideal DCG under the chosen model, cached until the next
+        look (every 5 s in serve): what that text's harvest adds meanwhile waits until
         then (recomputing a popular text's ideal at each of its harvests cost more than
         the rest of the correction)."""
-        if self.harvester is None or not query:
+        if not self.measures or not query:
             return None
         key = (query, depth)
         if key not in self._ideals:
-            self._ideals[key] = self.harvester.ideal_dcg(query, weights, depth)
+            self._ideals[key] = self.tables.ideal_dcg(query, depth)
         return self._ideals[key]
 
     def look(self, estimate_here: bool) -> None:
-        """Refresh the propensities the debiased measures use. Partition 0's holder
-        estimates them from every partition's stored pair sums and stores the estimate
-        (`rankmeter_propensity`); the other replicas read it, so all weigh alike."""
+        """Refresh the click models the debiased measures use. Partition 0's holder
+        estimates both from every partition's stored sums, runs the fit test (its previous
+        decision, stored with the estimate, picks the thresholds: a new holder carries on
+        the hysteresis) and stores the result; the other replicas read it, so all weigh and
+        withdraw alike."""
         d = self.settings.debias
         if not self.measures:
             return
         name = f"propensity|ranks={d.ranks}|min_pairs={d.min_pairs}"
         if estimate_here and 0 in self.held:  # partition 0's holder, fenced by its claim
-            size = 2 * d.ranks ** 2
-            sums = [PairSums.from_vector(np.frombuffer(fields[PAIRS]))
-                    for fields in self.store.load_ab(self.store.partitions()).values()
-                    if PAIRS in fields and len(fields[PAIRS]) == 8 * size]
-            if not sums:
+            size = vector_size(d.ranks)
+            vectors = [upgrade(np.frombuffer(fields[PAIRS]), d.ranks)
+                       for fields in self.store.load_ab(self.store.partitions()).values()
+                       if PAIRS in fields and len(fields[PAIRS]) in (8 * size, 16 * d.ranks ** 2)]
+            if not vectors:
                 return
-            found = estimate(merge(sums), d.min_pairs)
-            self.store.save_running(name, {"relative": json.dumps(found.relative),
-                                           "support": json.dumps(found.support)}, self.held[0].epoch)
+            previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
+            found = decide(sum(vectors), d.ranks, d.min_pairs, previous)
+            self.store.save_running(name, to_fields(found), self.held[0].epoch)
         else:
-            kept = self.store.load_running(name)
-            if not kept:
+            kept = from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
+            if kept is None:
                 return
-            relative, support = json.loads(kept["relative"]), json.loads(kept["support"])
-            if len(relative) != d.ranks:
-                return
-            found = Propensities(relative, support, 0)
+            found = kept
+        self._looked = True
         self._ideals = {}  # weighed anew, with the harvest since the last look
-        self.propensities = found
+        self.tables.looked(found)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 from rankmeter.ab.experiment import Look, Preference
+from rankmeter.debias import fit
 from rankmeter.debias.propensity import Propensities
 from rankmeter.windows import WindowView
 
@@ -31,4 +32,5 @@ class Readout:
     interleaving_result: Callable[[], list[Preference]]
     production_rankers: tuple[str, ...]             # alerts.production_rankers
     unreadable: Mapping[str, int]                   # kind -> stored fields skipped (unreadable.py)
+    click_fit: Callable[[], fit.Look] | None = None  # the click models' last look (debias/fit.py)
     ab_units_missing: Callable[[], int] = lambda: 0  # impressions of an experiment by user without a client_id

@@ -63,6 +63,7 @@ PURCHASE_DELAY = (180.0, 1.0)   # add to cart -> purchase: minutes
 DWELL_SIGMA = 0.5
 ATTRIBUTION_S = 1800.0          # windows.attribution's default: no feedback later than this
 K = 10                          # results shown per query
+REACT_DECAY = 0.8               # a reactive ranker's recent clicks, decayed at each answer of the text
 
 DEFAULT_RANKERS = (Ranker("bm25-tuned", k1=1.2, b=0.75),
                    Ranker("bm25-degraded", k1=0.3, b=0.1, noise=0.35))
@@ -87,27 +88,27 @@ class Simulator:
                  regressions: Sequence[Regression] = (), users: int = 10_000,
                  purchase_cap_s: float = ATTRIBUTION_S, run_id: str | None = None,
                  truth_log: bool = False, examination: str | None = None,
-                 track_examination: bool = False, assign: str = "query",
+                 track_examination: bool = False, degrade_share: float = 1.0,
+                 react: float = 0.0, assign: str = "query",
                  user_sigma: float = PROPENSITY_SIGMA) -> None:
-        if assign not in ("query", "user"):
-            raise ValueError(f"assign {assign!r}: query or user")
-        if assign == "user" and interleave is not None:
-            raise ValueError("--assign user assigns users to rankers; interleaving shows both to every query")
+        check_knobs(assign, interleave, degrade_share)
         self.assign = assign
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
         self.rankers = list(rankers)
-        self.interleave: tuple[Ranker, Ranker] | None = None
         by_name = {r.name: r for r in self.rankers}
-        if interleave is not None:
-            unknown = [n for n in interleave if n not in by_name]
-            if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
-                raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; "
-                                 f"got {','.join(interleave)}")
-            self.interleave = (by_name[interleave[0]], by_name[interleave[1]])
-            self.experiment = f"{interleave[0]}-vs-{interleave[1]}"
+        self.interleave = None if interleave is None else interleaving_pair(interleave, by_name)
+        self.experiment = "" if interleave is None else f"{interleave[0]}-vs-{interleave[1]}"
         self.click_model = make_click_model(click_model, examination)  # ValueError when unknown
         self.click_model_name, self.examination = click_model, examination
+        # The true gap's knob (bench --gap): the second ranker shows its own list with this
+        # probability, else the first ranker's: the true gap is about this share of the full one.
+        self.degrade_share = degrade_share
+        # A ranker that reacts to clicks (as production rankers do through click features
+        # or caches): a (query text, document)'s recent clicks c (decayed by REACT_DECAY at
+        # each answer of the text) add react · c / (1 + c) of the top score to its score.
+        self.react = react
+        self._recent: dict[str, dict[str, float]] = {}
         # Σ true P(examine) and number of lists per rank, when tracked (the pbm curve, or the
         # list-dependent examination of cascade and dcm averaged over the traffic).
         self._examined: np.ndarray | None = np.zeros(K) if track_examination else None
@@ -157,15 +158,17 @@ class Simulator:
             ranker = self.rankers[0] if arm_share(visit.client) < self.split else self.rankers[1]
             return self.answer(ranker, now_ms, elapsed_s, visit=visit)
         ranker = self.rankers[0] if self.rng.random() < self.split else self.rankers[1]
+        if ranker is not self.rankers[0] and self.degrade_share < 1.0 and self.rng.random() >= self.degrade_share:
+            return self.answer(ranker, now_ms, elapsed_s, lists=self.rankers[0])
         return self.answer(ranker, now_ms, elapsed_s)
 
     def answer(self, ranker: Ranker, now_ms: int, elapsed_s: float, users: Users | None = None,
-               visit: Visit | None = None) -> list[Event]:
+               lists: Ranker | None = None, visit: Visit | None = None) -> list[Event]:
         """One search answered by `ranker` at `now_ms`, by `visit`'s user or else a user of
-        `users` (default: all)."""
+        `users` (default: all), with the list of `lists` (default: `ranker`'s own)."""
         visit = visit or (users or self.users).visit(self.rng, now_ms)
         query = self._sample_query()
-        results = self.search(query, self._regressed(ranker, elapsed_s))
+        results = self.search(query, self._regressed(lists or ranker, elapsed_s))
         return self._events(ranker.name, query, results, [ranker.name] * len(results), {},
                             now_ms, elapsed_s, visit)
 
@@ -198,6 +201,8 @@ class Simulator:
             self._examined[:n] += examination_of(self.click_model_name, np.array(attractive[:n]), self.examination)
             self._lists_at[:n] += 1
         clicks = self.click_model(attractive, self.rng)
+        if self.react:
+            reacted(self._recent.setdefault(query.text, {}), [results[r] for r in clicks])
         feedback = list(self._feedback(qid, results, grades, clicks, now_ms, user))
         if self.rng.random() < self.disorder:
             return feedback + [impression]  # the feedback pipeline outran the impression
@@ -219,6 +224,8 @@ class Simulator:
     def search(self, query: Query, ranker: Ranker, rng: np.random.Generator | None = None) -> list[str]:
         """`Index.search(query, ranker, K, rng)` (default: the traffic's rng), with the scores cached."""
         key = (query.text, ranker.k1, ranker.b)
+        if self.react and self._recent.get(query.text):
+            return reactive_search(self, query, ranker, rng or self.rng)
         if not ranker.noise and key in self._top:
             return self._top[key]
         cached = self._scores.get(key)
@@ -321,3 +328,44 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
+
+
+def check_knobs(assign: str, interleave: tuple[str, str] | None, degrade_share: float) -> None:
+    if assign not in ("query", "user"):
+        raise ValueError(f"assign {assign!r}: query or user")
+    if assign == "user" and interleave is not None:
+        raise ValueError("--assign user assigns users to rankers; interleaving shows both to every query")
+    if not 0.0 <= degrade_share <= 1.0:
+        raise ValueError(f"degrade_share {degrade_share}: between 0 and 1")
+
+
+def interleaving_pair(interleave: tuple[str, str], by_name: dict[str, Ranker]) -> tuple[Ranker, Ranker]:
+    unknown = [n for n in interleave if n not in by_name]
+    if len(interleave) != 2 or interleave[0] == interleave[1] or unknown:
+        raise ValueError(f"interleave needs two different rankers of {', '.join(by_name)}; got {','.join(interleave)}")
+    return by_name[interleave[0]], by_name[interleave[1]]
+
+
+def reactive_search(sim: Simulator, query: Query, ranker: Ranker, rng: np.random.Generator) -> list[str]:
+    """`Simulator.search` with the recent clicks' boost (`react`): c / (1 + c) of the top
+    score times `react`, c the (text, document)'s decayed recent clicks."""
+    scores = sim.index.scores(query, ranker)
+    docs = sim.corpus.documents
+    ids = list(scores)
+    values = np.fromiter(scores.values(), dtype=float)
+    top = values.max()
+    if ranker.noise:
+        values = values + rng.normal(0.0, ranker.noise * top, len(values))
+    recent = np.array([sim._recent[query.text].get(docs[i].doc_id, 0.0) for i in ids])
+    values += sim.react * top * recent / (1.0 + recent)
+    return [docs[ids[i]].doc_id for i in np.argsort(-values, kind="stable")[:K]]
+
+
+def reacted(recent: dict[str, float], clicked: list[str]) -> None:
+    """A text answered: its documents' recent clicks decay, the clicked ones add 1."""
+    for doc in list(recent):
+        recent[doc] *= REACT_DECAY
+        if recent[doc] < 0.01:
+            del recent[doc]
+    for doc in clicked:
+        recent[doc] = recent.get(doc, 0.0) + 1.0

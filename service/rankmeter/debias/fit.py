@@ -1,0 +1,219 @@
+"""The fit test that decides whether the debiased series may be exported, and which click
+model weighs them (`judge`, at every look at the propensities).
+
+The debiased measures carry `grading="ipw"` only while the fit holds; otherwise they are
+withdrawn and `rankmeter_debias_valid{reason}` says why (1 for the current reason):
+
+- `insufficient_support`: the chosen model has no estimate of rank 1 yet (too few
+  harvested pairs, `debias.min_pairs`).
+- `click_reactive_ranker`: the reaction probe (`clickmodels.ReactionProbe`) sees documents
+  gain ranks in the next list of their text after a click, against the same document at the
+  same earlier rank without one. Harvesting assumes a rank does not depend on clicks.
+- `implausible_propensities`: pbm's examination probability of a rank relative to rank 1
+  above `MAX_RATIO` (a rank examined more than the top one: the weights, held at ≥ 1,
+  silently stop correcting), or rising from a rank to the next by more than `MAX_RISE`
+  (the curve must not rise), each beyond the noise of its support (`_excess`); with ubm
+  chosen, also a ubm slot above `MAX_UBM_RATIO` (looser: its slots are thinner, and those
+  without a click above needn't fall with rank, cascade and dcm users examine every rank
+  until they click).
+- `poor_fit`: the chosen model, on the held-out queries, predicts the clicks below a
+  click, or with no click above, off by more than `CALIBRATION` (observed / expected).
+  Position-based weights on cascade users fail this way: they expect clicks below a click
+  that cascade users never make (observed/expected about 0).
+- `unexamined_below_clicks`: ubm chosen, and it finds (almost) nothing below a click
+  examined: `below_clicks` under `BELOW_CLICKS`. Cascade users: their clicks say nothing of
+  the documents below the first one clicked, so no weighting recovers the gap, and the
+  weighted value is only a noisier copy of the raw one (bench: 7% of the true gap at a gap
+  of 0.05, against raw clicks' 24%). Dependent-click users (0.3–0.6) pass.
+- `ok`: otherwise.
+
+Each check has a withdraw threshold and a stricter restore one (hysteresis):
+once withdrawn, a series comes back only when every check passes the restore threshold,
+so an estimate hovering at a threshold does not make the series flap. A check with too
+little evidence (fewer than `MIN_EXPECTED` expected clicks in a class, `MIN_REACTION_WEIGHT`
+of the probe's weight) passes: the bench and the in-process test measure how soon each
+gets its evidence.
+
+Why these values (docs/debiasing.md, "The fit test"): under position-based users the
+40-seed bench's worst estimates were within 0.05 of the truth and never rose by more than
+0.05 from a rank to the next, the pbm observed/expected within 0.85–1.15 (users' own click
+propensities make clicks below a click a little likelier than the model says), and the
+probe's contrast within ±0.3 ranks; cascade and dcm users put pbm's observed/expected
+below a click at 0.1–0.5, a reactive ranker's contrast at several ranks.
+
+The model (`MODELS`): the lower held-out perplexity once `MIN_SCORED` ranks are scored
+(until then, and when ubm has no estimate, pbm: today's model), switched only when the
+other is lower by `SWITCH_MARGIN` (relative), for the same reason as the hysteresis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from rankmeter.debias.clickmodels import MODELS, UBM_DISTANCES, FitLayout, slot
+from rankmeter.debias.propensity import Propensities
+
+REASONS = ("ok", "insufficient_support", "implausible_propensities", "poor_fit", "click_reactive_ranker",
+           "unexamined_below_clicks")
+# (withdraw, restore) thresholds.
+MAX_RATIO = (1.2, 1.1)
+MAX_UBM_RATIO = (1.6, 1.4)
+MAX_RISE = (0.15, 0.08)
+CALIBRATION = ((0.6, 1.6), (0.75, 1.33))
+REACTION = (0.5, 0.25)      # ranks gained after a click
+BELOW_CLICKS = (0.1, 0.15)  # ubm: examination below a click relative to none above, at the same rank
+MIN_EXPECTED = 30.0         # expected clicks a calibration class needs to be judged
+MIN_REACTION_WEIGHT = 300.0
+MIN_SCORED = 500.0          # ranks scored before the perplexities choose
+SWITCH_MARGIN = 0.002
+
+
+class Look(NamedTuple):
+    """What a look decides: both models' estimates, the model chosen, the reason (`ok`: the
+    series are exported), the held-out perplexities, and the checks' values (for logs)."""
+    pbm: Propensities
+    ubm: Propensities
+    model: str
+    reason: str
+    perplexity: dict[str, float | None]
+    checks: dict[str, float | None]
+
+    @property
+    def valid(self) -> bool:
+        return self.reason == "ok"
+
+    @property
+    def chosen(self) -> Propensities:
+        return self.ubm if self.model == "ubm" else self.pbm
+
+
+def initial(ranks: int, ubm_slots: int) -> Look:
+    """Before any look: nothing estimated (no value to withdraw either), pbm."""
+    return Look(Propensities([None] * ranks, [0.0] * ranks, 0),
+                Propensities([None] * ubm_slots, [0.0] * ubm_slots, 0), "pbm", "ok",
+                {m: None for m in MODELS}, {})
+
+
+def _choose(layout: FitLayout, fit: np.ndarray, ubm: Propensities, previous: str) -> tuple[str, dict]:
+    perplexity = {m: layout.perplexity(fit, i) for i, m in enumerate(MODELS)}
+    model = previous if previous in MODELS else "pbm"
+    if fit[layout.scored()].sum() >= MIN_SCORED and None not in perplexity.values():
+        other = "ubm" if model == "pbm" else "pbm"
+        if perplexity[other] < perplexity[model] * (1.0 - SWITCH_MARGIN):  # type: ignore[operator]
+            model = other
+    if model == "ubm" and ubm.relative[0] is None:
+        model = "pbm"
+    return model, perplexity
+
+
+def _excess(found: Propensities, t: int, ratio_limit: tuple[float, float], monotone: bool,
+            noise: float) -> tuple[float, float]:
+    """How far the estimates go beyond plausible, each against its threshold plus the
+    noise of its support (a ratio of click rates over n harvested pairs: about `noise`/√n):
+    the largest ratio − `ratio_limit` − noise/√n, and (`monotone`) the largest rise from an
+    estimated rank to the next one − MAX_RISE − 1.5·noise/√n. Positive: implausible."""
+    est = [(p, n) for p, n in zip(found.relative, found.support) if p is not None]
+    ratio = max((p - ratio_limit[t] - noise / math.sqrt(max(n, 1.0)) for p, n in est), default=-1.0)
+    rise = -1.0
+    if monotone:
+        rise = max(((b - a) - MAX_RISE[t] - 1.5 * noise / math.sqrt(max(min(n, m), 1.0))
+                    for (a, n), (b, m) in zip(est, est[1:])), default=-1.0)
+    return ratio, rise
+
+
+def below_clicks(ubm: Propensities, ranks: int) -> float | None:
+    """ubm's examination below a click relative to the same rank with none above, the
+    mean over slots weighted by their support (None: no such slot estimated)."""
+    total = weight = 0.0
+    for r in range(1, ranks):
+        top = ubm.relative[slot(r, 0)]
+        for d in range(1, min(r, UBM_DISTANCES) + 1):
+            g, n = ubm.relative[slot(r, d)], ubm.support[slot(r, d)]
+            if g is not None and top:
+                total, weight = total + n * g / top, weight + n
+    return total / weight if weight else None
+
+
+def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayout,
+          previous: Look | None) -> Look:
+    """The look's decision from both estimates and the fit sums of every partition; the
+    previous look's reason picks the thresholds (withdraw while valid, restore while not)."""
+    model, perplexity = _choose(layout, fit, ubm, previous.model if previous else "pbm")
+    chosen = ubm if model == "ubm" else pbm
+    t = 0 if previous is None or previous.valid else 1
+    # pbm's curve always (a ranker reacting to clicks inflates it whichever model is
+    # chosen); ubm's slots, thinner and noisier (a slot's pairs with a slot below a click
+    # constrain little), only against a looser bound.
+    ratio, rise = _excess(pbm, t, MAX_RATIO, True, 2.0)
+    if model == "ubm":
+        ratio = max(ratio, _excess(ubm, t, MAX_UBM_RATIO, False, 4.0)[0])
+    m = MODELS.index(model)
+    calibration = [layout.observed_over_expected(fit, m, cls, MIN_EXPECTED) for cls in (0, 1)]
+    contrast = layout.reaction_contrast(fit, MIN_REACTION_WEIGHT)
+    below = below_clicks(ubm, layout.ranks) if model == "ubm" else None
+    checks = {"ratio_excess": ratio, "rise_excess": rise, "calibration_no_click_above": calibration[0],
+              "calibration_click_above": calibration[1], "reaction_ranks": contrast, "below_clicks": below}
+    low, high = CALIBRATION[t]
+    if chosen.relative[0] is None:
+        reason = "insufficient_support"
+    elif contrast is not None and contrast > REACTION[t]:
+        reason = "click_reactive_ranker"
+    elif ratio > 0 or rise > 0:
+        reason = "implausible_propensities"
+    elif any(c is not None and not low <= c <= high for c in calibration):
+        reason = "poor_fit"
+    elif below is not None and below < BELOW_CLICKS[t]:
+        reason = "unexamined_below_clicks"
+    else:
+        reason = "ok"
+    return Look(pbm, ubm, model, reason, perplexity, checks)
+
+
+def to_fields(look: Look) -> dict[str, str]:
+    """A look as the running record partition 0's holder stores (`relative`, `support`:
+    pbm's, as before; the rest new)."""
+    return {"relative": json.dumps(look.pbm.relative), "support": json.dumps(look.pbm.support),
+            "ubm_relative": json.dumps(look.ubm.relative), "ubm_support": json.dumps(look.ubm.support),
+            "model": look.model, "reason": look.reason, "perplexity": json.dumps(look.perplexity),
+            "checks": json.dumps(look.checks)}
+
+
+def _numbers(text: str | None, length: int, none: bool) -> list | None:
+    try:
+        values = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    if not isinstance(values, list) or len(values) != length:
+        return None
+    ok = all((v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+             for v in values)
+    return values if ok else None
+
+
+def from_fields(fields: dict[str, str] | None, ranks: int, ubm_slots: int) -> Look | None:
+    """The stored look, or None when there is none or it is unreadable. A record of an
+    older version (pbm only) reads as pbm, `ok`: what that version exported."""
+    if not fields:
+        return None
+    relative, support = _numbers(fields.get("relative"), ranks, True), _numbers(fields.get("support"), ranks, False)
+    if relative is None or support is None:
+        return None
+    start = initial(ranks, ubm_slots)
+    ubm_relative = _numbers(fields.get("ubm_relative"), ubm_slots, True)
+    ubm_support = _numbers(fields.get("ubm_support"), ubm_slots, False)
+    ubm = start.ubm if ubm_relative is None or ubm_support is None else Propensities(ubm_relative, ubm_support, 0)
+    model = fields.get("model", "pbm")
+    reason = fields.get("reason", "ok")
+    if model not in MODELS or reason not in REASONS or (model == "ubm" and ubm_relative is None):
+        model, reason = "pbm", "ok" if "reason" not in fields else "insufficient_support"
+    try:
+        perplexity = {m: v if isinstance(v, (int, float)) else None
+                      for m, v in json.loads(fields.get("perplexity", "{}")).items() if m in MODELS}
+    except (ValueError, AttributeError):
+        perplexity = {}
+    return Look(Propensities(relative, support, 0), ubm, model, reason,
+                {m: perplexity.get(m) for m in MODELS}, {})
