@@ -51,6 +51,21 @@ def test_an_experiment_by_user_keeps_each_arm_per_user_bucket():
     assert look.unit == "user" and "@user@" in look.experiment
 
 
+@pytest.mark.parametrize("per_user, compared", [(60, False), (3, True)])
+def test_a_comparison_by_user_waits_for_enough_users_in_each_arm(per_user, compared):
+    # 600 queries: 10 users of 60 queries each (each arm's cluster-robust variance from
+    # about 5 users: far too small too often), or 200 users of 3.
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS), "RANKMETER_AB_UNIT": "user"})
+    events = [(stream, key, {**e, "client_id": f"user{int(key[1:]) // per_user}"} if stream == "impressions" else e)
+              for stream, key, e in experiment_stream(3, 600, START_MS)[0]]
+    store, bus = MemoryStore(), Bus(partitions=2)
+    pipeline = started(settings, store, bus)
+    feed(pipeline, bus, events)
+    look = pipeline.ab_look()
+    assert min(a.queries for a in look.arms) >= settings.ab.min_queries  # the query guard passes either way
+    assert bool(look.comparisons) == compared
+
+
 def test_a_client_id_over_the_limit_is_refused_and_one_within_is_kept_as_its_bucket():
     decoder = Decoder(config.load(None, {}))
     event = {"query_id": "q", "ranker": "a", "timestamp": NOW_MS, "results": ["d"]}

@@ -83,9 +83,11 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 if min(t.n, c.n) < settings.min_queries:
                     continue
                 if by_user:
-                    estimate = clusters.bucket_difference(
-                        *ab_sums.bucket_sums(vectors[(ranker, segment)], columns[metric], average),
-                        *ab_sums.bucket_sums(vectors[(baseline, segment)], columns[metric], average))
+                    y_t, n_t = ab_sums.bucket_sums(vectors[(ranker, segment)], columns[metric], average)
+                    y_b, n_b = ab_sums.bucket_sums(vectors[(baseline, segment)], columns[metric], average)
+                    if min(np.count_nonzero(n_t), np.count_nonzero(n_b)) < clusters.MIN_BUCKETS:
+                        continue  # too few users for a cluster-robust variance
+                    estimate = clusters.bucket_difference(y_t, n_t, y_b, n_b)
                 else:
                     estimate = mean_difference(t, c) if average == "macro" else ratio_difference(t, c)
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
