@@ -56,9 +56,8 @@ __all__ = ["BUCKETS", "bucket_of", "bucket_ratio", "bucket_difference", "bucket_
 #: 128 × 2 floats per arm and measure; more buckets buy little (√(2/(B − 1))).
 BUCKETS = 128
 # Nonempty buckets (about as many users, below 128) each arm needs before a comparison is
-# tested: with a few users the cluster-robust variance has a few degrees of freedom and is
-# often far too small (10 users, micro CTR: 21% of A/A tests "significant"; review of
-# issue 20). The measurement behind the figure: docs/benchmarks.md.
+# tested: a cluster-robust variance from a few users has a few degrees of freedom
+# (docs/benchmarks.md, "Few users": a guard; no failure measured above 10 users).
 MIN_BUCKETS = 30
 
 
