@@ -66,14 +66,16 @@ def test_a_comparison_by_user_waits_for_enough_users_in_each_arm(per_user, compa
     assert bool(look.comparisons) == compared
 
 
-def test_a_client_id_over_the_limit_is_refused_and_one_within_is_kept_as_its_bucket():
+def test_a_client_id_of_any_length_is_kept_as_its_bucket_and_none_is_no_user():
+    # The id is hashed and dropped (never a key, label or log): a long one (a JWT, 800
+    # characters) must not cost the impression, as a limit did for every configuration.
     decoder = Decoder(config.load(None, {}))
     event = {"query_id": "q", "ranker": "a", "timestamp": NOW_MS, "results": ["d"]}
-    long = decoder.impression(json.dumps({**event, "client_id": "u" * (MAX_ID + 1)}).encode(), NOW_MS)
-    assert isinstance(long, Rejected) and "client_id" in long.reason
-    kept = decoder.impression(json.dumps({**event, "client_id": "u42"}).encode(), NOW_MS)
-    assert kept.user_bucket == clusters.bucket_of("u42")
+    for client in ("u42", "u" * (MAX_ID + 1), "e" * 800, "ü\u00a0x"):
+        kept = decoder.impression(json.dumps({**event, "client_id": client}).encode(), NOW_MS)
+        assert not isinstance(kept, Rejected) and kept.user_bucket == clusters.bucket_of(client), client
     assert decoder.impression(json.dumps(event).encode(), NOW_MS).user_bucket == -1
+    assert decoder.impression(json.dumps({**event, "client_id": ""}).encode(), NOW_MS).user_bucket == -1
 
 
 def test_the_unit_is_required_with_a_baseline():

@@ -46,8 +46,8 @@ class Rules:
             return Rejected("invalid", "ranker is empty")
         if len(results) > self.max_results:
             return Rejected("invalid", f"{len(results)} results, more than the limit of {self.max_results}")
-        problem = (check_name("ranker", ranker) or check_name("segment", segment) or check_ids("results", results)
-                   or (check_id("client_id", client_id) if client_id else None))
+        # (client_id has no limit: only its bucket is kept, never the id)
+        problem = check_name("ranker", ranker) or check_name("segment", segment) or check_ids("results", results)
         if problem:
             return Rejected("invalid", problem)
         ts = self.timestamp(timestamp, now_ms)
