@@ -107,3 +107,50 @@ def test_a_slow_look_is_spaced_so_looks_take_a_tenth_of_the_consuming_thread(cap
     assert [r.getMessage() for r in caplog.records] == ["the experiment's look is slow: looking less often"]
     assert _next_look_interval(2.1, 20.0) == pytest.approx(21.0)  # no new line for a small change
     assert _next_look_interval(0.1, 21.0) == AB_INTERVAL_S and len(caplog.records) == 1
+
+
+def test_a_look_by_user_equals_statsmodels_cluster_robust_variance_over_the_buckets():
+    # Every statistic through the pipeline by user, against an independent computation from
+    # the stream: P@10 per query from its clicks, the arms' variances statsmodels' CRV1 over
+    # the user buckets, never below the null's (both arms pooled), the SRM of the buckets'
+    # query counts. (Swapped arms, per-query statistics, Σx² for Σx, judged counts for the
+    # SRM: each fails here.)
+    import statsmodels.api as sm
+
+    from rankmeter.engine import QueryState, parse, stack
+
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS), "RANKMETER_AB_UNIT": "user"})
+    stream, truth = experiment_stream(8, 1200, START_MS)
+    user = {q: f"user{int(q[1:]) // 4}" for q in truth}
+    arm = {q: "new" if int(q[1:]) // 4 % 3 == 0 else "base" for q in truth}  # sticky, about 1/3 new
+    events = [(s, k, {**e, "client_id": user[k], "ranker": arm[k]} if s == "impressions" else e) for s, k, e in stream]
+    store, bus = MemoryStore(), Bus(partitions=3)
+    pipeline = started(settings, store, bus)
+    feed(pipeline, bus, events)
+    look = pipeline.ab_look()
+
+    p10 = parse("P@10")
+    shown = [q for q, (_, t, _, _) in truth.items() if t >= START_MS]
+    values = p10.values(p10.compute(stack([QueryState.from_grades(truth[q][2], {d: 1.0 for d in truth[q][3]},
+                                                                    shown_grade=0) for q in shown])))
+    y = dict(zip(shown, values))
+    bucket = {q: clusters.bucket_of(user[q]) for q in shown}
+
+    def crv1(qids: list[str], groups) -> float:
+        fit = sm.OLS(np.array([y[q] for q in qids]), np.ones(len(qids))).fit(
+            cov_type="cluster", cov_kwds={"groups": np.array(groups)})
+        return float(fit.cov_params()[0, 0])
+
+    arms = {r: [q for q in shown if arm[q] == r] for r in ("base", "new")}
+    delta = np.mean([y[q] for q in arms["new"]]) - np.mean([y[q] for q in arms["base"]])
+    own = crv1(arms["new"], [bucket[q] for q in arms["new"]]) + crv1(arms["base"], [bucket[q] for q in arms["base"]])
+    both = arms["new"] + arms["base"]
+    pooled = len(both) * crv1(both, [(arm[q] == "new") * 1000 + bucket[q] for q in both]) * (
+        1 / len(arms["new"]) + 1 / len(arms["base"]))
+    for average in ("macro", "micro"):  # P@10's micro is its macro (every query's denominator is 10)
+        [c] = [c for c in look.comparisons if c.metric == "P@10" and c.average == average]
+        assert c.estimate.delta == pytest.approx(delta, abs=1e-12), average
+        assert c.estimate.variance == pytest.approx(max(own, pooled), rel=1e-9), average
+    counts = [np.bincount([bucket[q] for q in arms[r]], minlength=clusters.BUCKETS) for r in ("base", "new")]
+    split = [settings.ab.split[r] for r in ("base", "new")]
+    assert look.srm[""] == pytest.approx(clusters.srm_query_share_p_value(counts, split, min_queries=20), rel=1e-12)
