@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rankmeter.debias.clickmodels import FitLayout, ReactionProbe, placements, slot, slots
-from rankmeter.debias.fit import CALIBRATION, Look, from_fields, initial, judge, to_fields
+from rankmeter.debias.fit import CALIBRATION, MAX_BELOW_CLICKS, Look, from_fields, initial, judge, to_fields
 from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables, decide, split, upgrade, vector_size
 from rankmeter.simulator.clicks import cascade, pbm
@@ -164,3 +164,36 @@ def test_an_older_pbm_only_vector_is_padded():
     new = upgrade(old, K)
     assert len(new) == vector_size(K) and (new[:len(old)] == old).all() and not new[len(old):].any()
     assert not upgrade(np.ones(7), K).any()
+
+
+def test_a_ranker_demoting_clicked_results_withdraws_the_series_too():
+    # ("already seen" rotation: the probe's contrast is negative; the rank depends on clicks)
+    tables = fed(lambda a, rng: pbm(a, rng), queries=4000, react=-1.0)
+    assert FitLayout(K).reaction_contrast(split(tables.vector(), K)[2], 300) < -1.0
+    assert tables.look.reason == "click_reactive_ranker"
+
+
+def test_bots_clicking_every_result_make_the_propensities_implausible():
+    def with_bots(attract, rng):  # 5% of the queries: every result clicked
+        return list(range(len(attract))) if rng.random() < 0.05 else pbm(attract, rng)
+    look = fed(with_bots).look
+    assert look.checks["below_clicks"] > MAX_BELOW_CLICKS[0] and look.reason == "implausible_propensities", look.checks
+    clean = fed(lambda a, rng: pbm(a, rng)).look
+    assert clean.checks["below_clicks"] < MAX_BELOW_CLICKS[1] and clean.valid, clean.checks
+
+
+def test_each_check_withdraws_on_its_own():
+    layout = FitLayout(K)
+    ubm = initial(K, slots(K)).ubm
+    ok = Propensities([1.0, 0.5, 0.3] + [0.2] * 7, [1000.0] * K, 1)
+    assert judge(ok, ubm, fit_with_calibration(1.0), layout, None).reason == "ok"
+    # A rise alone (every rank below 1.2 of rank 1): MAX_RISE's.
+    rises = Propensities([1.0, 0.5, 0.85, 0.4, 0.3, 0.3, 0.25, 0.2, 0.2, 0.2], [1000.0] * K, 1)
+    assert judge(rises, ubm, fit_with_calibration(1.0), layout, None).reason == "implausible_propensities"
+    # Too many clicks below a click for the model: the calibration's upper bound.
+    assert judge(ok, ubm, fit_with_calibration(2.0), layout, None).reason == "poor_fit"
+    # A stored sum that is not a number.
+    nan = Propensities([1.0, float("nan")] + [0.2] * 8, [1000.0] * K, 1)
+    assert judge(nan, ubm, fit_with_calibration(1.0), layout, None).reason == "implausible_propensities"
+    # Before any look: nothing estimated, and so said.
+    assert initial(K, slots(K)).reason == "insufficient_support"

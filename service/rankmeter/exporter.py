@@ -303,14 +303,15 @@ def click_fit_metrics(look: Look) -> Iterator[Metric]:
     for reason in REASONS:
         valid.add_metric([reason], float(reason == look.reason))
     perplexity = GaugeMetricFamily(
-        "rankmeter_click_model_perplexity", "Held-out click perplexity of each click model (1 is perfect, "
-        "lower is better), from the harvested queries held out of the estimate.", labels=["model"])
+        "rankmeter_click_model_perplexity", "Held-out conditional click perplexity of each click model (1 is "
+        "perfect, lower is better): each rank's click given the clicks above it, on the harvested queries "
+        "held out of the estimate.", labels=["model"])
     chosen = GaugeMetricFamily(
         "rankmeter_click_model_chosen", "1 for the click model whose examination probabilities weigh the "
         "debiased series, 0 for the others.", labels=["model"])
     for model, value in look.perplexity.items():
         chosen.add_metric([model], float(model == look.model))
-        if value is not None:
+        if value is not None and math.isfinite(value):  # (a stored sum that is not a number: none)
             perplexity.add_metric([model], value)
     yield from (valid, perplexity, chosen)
 

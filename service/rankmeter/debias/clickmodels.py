@@ -18,7 +18,8 @@ AllPairs (`propensity.estimate`), and compared on the same held-out queries:
   relevance), so `Harvester` and `estimate` work on slots unchanged, relative to slot 0
   (rank 1, nothing above).
 
-Held-out fit (PyClick's evaluation, Grotov et al.): a share of harvested queries
+Held-out fit (the conditional perplexity: not PyClick's, which scores each rank's
+unconditional click probability; this one is the per-rank held-out log-likelihood): a share of harvested queries
 (`held_out`) is not learned from; each is scored by both models with the parameters of
 the last look and its documents' α from the tables (`ModelTables.score`), before it could
 have been learned from: Σ log2 P(c_r | clicks above) per rank and model, the ranks scored,

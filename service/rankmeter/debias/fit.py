@@ -7,15 +7,21 @@ withdrawn and `rankmeter_debias_valid{reason}` says why (1 for the current reaso
 - `insufficient_support`: the chosen model has no estimate of rank 1 yet (too few
   harvested pairs, `debias.min_pairs`).
 - `click_reactive_ranker`: the reaction probe (`clickmodels.ReactionProbe`) sees documents
-  gain ranks in the next list of their text after a click, against the same document at the
-  same earlier rank without one. Harvesting assumes a rank does not depend on clicks.
+  gain (or lose) ranks in the next list of their text after a click, against the same
+  document at the same earlier rank without one. Harvesting assumes a rank does not depend
+  on clicks; any reaction the probe detects withdraws, also one too small to bias the
+  estimate (review: a reaction of 0.15 withdrew a curve within 0.03 of the truth).
 - `implausible_propensities`: pbm's examination probability of a rank relative to rank 1
   above `MAX_RATIO` (a rank examined more than the top one: the weights, held at ≥ 1,
   silently stop correcting), or rising from a rank to the next by more than `MAX_RISE`
   (the curve must not rise), each beyond the noise of its support (`_excess`); with ubm
   chosen, also a ubm slot above `MAX_UBM_RATIO` (looser: its slots are thinner, and those
   without a click above needn't fall with rank, cascade and dcm users examine every rank
-  until they click).
+  until they click); or ubm's examination below a click above `MAX_BELOW_CLICKS` times the
+  same rank's with none above (`below_clicks`; position-based users about 1): clicks that
+  do not follow examination, such as bots clicking every result (5% of the queries: 2.5),
+  which flatten the curve.
+  A stored sum that is not a finite number makes every estimate implausible.
 - `poor_fit`: the chosen model, on the held-out queries, predicts the clicks below a
   click, or with no click above, off by more than `CALIBRATION` (observed / expected).
   Position-based weights on cascade users fail this way: they expect clicks below a click
@@ -66,6 +72,7 @@ MAX_RISE = (0.15, 0.08)
 CALIBRATION = ((0.6, 1.6), (0.75, 1.33))
 REACTION = (0.5, 0.25)      # ranks gained after a click
 BELOW_CLICKS = (0.1, 0.15)  # ubm: examination below a click relative to none above, at the same rank
+MAX_BELOW_CLICKS = (1.6, 1.4)  # ... and not above it by far: clicks that do not depend on examination (bots)
 MIN_EXPECTED = 30.0         # expected clicks a calibration class needs to be judged
 MIN_REACTION_WEIGHT = 300.0
 MIN_SCORED = 500.0          # ranks scored before the perplexities choose
@@ -92,9 +99,9 @@ class Look(NamedTuple):
 
 
 def initial(ranks: int, ubm_slots: int) -> Look:
-    """Before any look: nothing estimated (no value to withdraw either), pbm."""
+    """Before any look: nothing estimated, pbm."""
     return Look(Propensities([None] * ranks, [0.0] * ranks, 0),
-                Propensities([None] * ubm_slots, [0.0] * ubm_slots, 0), "pbm", "ok",
+                Propensities([None] * ubm_slots, [0.0] * ubm_slots, 0), "pbm", "insufficient_support",
                 {m: None for m in MODELS}, {})
 
 
@@ -117,6 +124,8 @@ def _excess(found: Propensities, t: int, ratio_limit: tuple[float, float], monot
     the largest ratio − `ratio_limit` − noise/√n, and (`monotone`) the largest rise from an
     estimated rank to the next one − MAX_RISE − 1.5·noise/√n. Positive: implausible."""
     est = [(p, n) for p, n in zip(found.relative, found.support) if p is not None]
+    if not all(math.isfinite(p) and math.isfinite(n) for p, n in est):
+        return math.inf, math.inf  # (a stored sum that is not a number: nothing to weigh with)
     ratio = max((p - ratio_limit[t] - noise / math.sqrt(max(n, 1.0)) for p, n in est), default=-1.0)
     rise = -1.0
     if monotone:
@@ -154,19 +163,19 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
     m = MODELS.index(model)
     calibration = [layout.observed_over_expected(fit, m, cls, MIN_EXPECTED) for cls in (0, 1)]
     contrast = layout.reaction_contrast(fit, MIN_REACTION_WEIGHT)
-    below = below_clicks(ubm, layout.ranks) if model == "ubm" else None
+    below = below_clicks(ubm, layout.ranks)
     checks = {"ratio_excess": ratio, "rise_excess": rise, "calibration_no_click_above": calibration[0],
               "calibration_click_above": calibration[1], "reaction_ranks": contrast, "below_clicks": below}
     low, high = CALIBRATION[t]
     if chosen.relative[0] is None:
         reason = "insufficient_support"
-    elif contrast is not None and contrast > REACTION[t]:
+    elif contrast is not None and abs(contrast) > REACTION[t]:  # promoted or demoted after a click
         reason = "click_reactive_ranker"
-    elif ratio > 0 or rise > 0:
+    elif ratio > 0 or rise > 0 or (below is not None and below > MAX_BELOW_CLICKS[t]):
         reason = "implausible_propensities"
     elif any(c is not None and not low <= c <= high for c in calibration):
         reason = "poor_fit"
-    elif below is not None and below < BELOW_CLICKS[t]:
+    elif model == "ubm" and below is not None and below < BELOW_CLICKS[t]:
         reason = "unexamined_below_clicks"
     else:
         reason = "ok"
