@@ -147,6 +147,27 @@ def test_a_replica_without_partition_0_reads_the_estimate(run):
     assert other.propensities.relative == pipeline.propensities.relative
 
 
+def test_a_new_holder_of_partition_0_carries_the_stored_decision_on(run, monkeypatch):
+    # Hysteresis across holders: the stored look's reason is the new holder's `previous`
+    # (withdrawn stays withdrawn until the restore threshold), and it is what the others export.
+    from rankmeter.debias import fit
+    from rankmeter.pipeline import position_bias
+    _, _, store = run
+    name = f"propensity|ranks={SETTINGS.debias.ranks}|min_pairs={SETTINGS.debias.min_pairs}"
+    stored = fit.from_fields(store.load_running(name), SETTINGS.debias.ranks, 27)
+    assert store.save_running(name, fit.to_fields(stored._replace(reason="poor_fit")))
+    seen = []
+    decide = position_bias.decide
+    monkeypatch.setattr(position_bias, "decide", lambda *a: seen.append(a[3]) or decide(*a))
+    holder = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS + 12_000 * 500))
+    holder.assign(store.partitions())
+    holder.look_at_position_bias(estimate_here=True)
+    assert [p.reason for p in seen] == ["poor_fit"]
+    other = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS))
+    other.look_at_position_bias(estimate_here=False)
+    assert other.position_bias.look_result.reason == holder.position_bias.look_result.reason
+
+
 def test_the_harvest_does_not_depend_on_batching():
     """Nor does its sample (half the queries here, by a hash of their query_id)."""
     half = config.load(None, {**ENV, "RANKMETER_DEBIAS_HARVEST_SHARE": "0.5"})
