@@ -255,3 +255,23 @@ def test_the_phase_and_each_comparisons_tau2_are_exported():
 def test_phase_settings_are_checked(setting: str, value: str, problem: str):
     with pytest.raises(config.ConfigError, match=problem):
         settings_with(**{f"RANKMETER_AB_{setting}": value})
+
+
+def test_a_tau2_per_metric_is_fixed_only_once_the_first_queries_have_their_clicks():
+    # Read before the clicks arrive, a click metric's variance is nearly 0 and so would be
+    # its τ² (the test nearly blind for good: bench/ab_validity.py --feedback-lag). By
+    # default a τ² is fixed twice the attribution window (with the grace: 70 min) after the
+    # phase's start; the experiment began 10 minutes ago.
+    settings, events, _, store, bus, pipeline = an_experiment(4, 400, partitions=2, RANKMETER_AB_MIXTURE_AFTER="")
+    feed(pipeline, bus, events)
+    early = pipeline.ab_look()
+    assert min(a.queries for a in early.arms) >= settings.ab.min_queries and early.comparisons == []
+    kept = store.load_running(f"{early.experiment}|alpha=0.05|tau2=scale=0.001")
+    assert list(kept) == ["srm\x1f"]  # the sample-ratio test runs; no comparison's τ² is fixed
+    later = Pipeline(settings, store, lambda r, why: None, lambda: START_MS / 1000 + 70 * 60)
+    later.assign(store.partitions())
+    look = later.ab_look()
+    assert look.comparisons and all(c.tau2 > 0 for c in look.comparisons)
+    # A configured τ² is no estimate: it is tested from the first look.
+    configured = settings_with(RANKMETER_AB_MIXTURE_AFTER="", RANKMETER_AB_MIXTURE_VARIANCE="1e-4")
+    assert {c.tau2 for c in reader(configured, store).ab_look(save=False).comparisons} == {1e-4}

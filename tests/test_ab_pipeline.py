@@ -21,6 +21,7 @@ from rankmeter.store import MemoryStore
 NOW_S = 1_800_000_000.0
 NOW_MS = int(NOW_S * 1000)
 ENV = {"RANKMETER_AB_BASELINE": "base", "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_MIN_QUERIES": "20",
+       "RANKMETER_AB_MIXTURE_AFTER": "0s",  # (a τ² from the first look: no feedback arrives late here)
        "RANKMETER_AB_SPLIT": "base=0.5,new=0.5"}
 START_MS = NOW_MS - 600_000  # an_experiment's start
 

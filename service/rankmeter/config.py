@@ -118,7 +118,8 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     split: dict[str, float] = {}  # expected traffic share per ranker (the sample-ratio check)
     alpha: float = 0.05
     mixture_variance: float = 0.0  # τ² of the mSPRT mixture for every metric; 0: per metric, below
-    mixture_scale: float = 1e-3  # τ² as a multiple of each metric's per-query variance, fixed at its first look
+    mixture_scale: float = 1e-3  # τ² as a multiple of each metric's per-query variance, fixed at its first look ...
+    mixture_after: str = ""     # ... this long after the phase's start or later; empty: 2 × (attribution + grace)
     min_queries: int = 100      # per arm, before any statistic is exported
     start: str = ""             # epoch ms or RFC 3339: when traffic started going to the treatments
     split_since: str = ""       # when the current split took effect (a ramp: a new phase); empty: start
@@ -299,6 +300,11 @@ def _check(s: Settings) -> None:
         fail("ab.mixture_variance", "must be a number >= 0 (0: per metric, ab.mixture_scale)")
     if not (math.isfinite(s.ab.mixture_scale) and s.ab.mixture_scale > 0):
         fail("ab.mixture_scale", "must be a number > 0")
+    if s.ab.mixture_after:
+        try:
+            duration_ms(s.ab.mixture_after)
+        except ValueError as e:
+            fail("ab.mixture_after", str(e))
     if s.ab.min_queries < 2:
         fail("ab.min_queries", "must be at least 2")
     if any(share <= 0 for share in s.ab.split.values()):

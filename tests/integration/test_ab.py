@@ -293,7 +293,8 @@ def test_ab_series_equal_an_independent_computation_and_survive_a_restart(kafka_
     produce(kafka_bootstrap, topics.feedback, feedback)
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_SPLIT": f"{BASE}=0.5,{NEW}=0.5",
-           "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50"}
+           "RANKMETER_AB_START": str(start), "RANKMETER_AB_MIN_QUERIES": "50",
+           "RANKMETER_AB_MIXTURE_AFTER": "0s"}  # (the first look with statistics sees every click)
 
     held_back = Serve(kafka_bootstrap, redis_url, topics, group, prefix,
                       {**env, "RANKMETER_AB_MIN_QUERIES": "1000000"}, log_path=tmp_path / "held.log").start()

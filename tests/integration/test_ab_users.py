@@ -129,7 +129,8 @@ def test_a_90_10_ramp_by_user_equals_statsmodels_cluster_robust_statistics(kafka
     group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
     env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "user", "RANKMETER_AB_START": str(start),
            "RANKMETER_AB_SPLIT": f"{BASE}=0.9,{NEW}=0.1", "RANKMETER_AB_SPLIT_SINCE": str(since),
-           "RANKMETER_AB_MIN_QUERIES": "1000000"}   # held back: the first look with statistics sees it all
+           "RANKMETER_AB_MIN_QUERIES": "1000000",   # held back: the first look with statistics sees it all
+           "RANKMETER_AB_MIXTURE_AFTER": "0s"}
 
     def queries(serve: Serve) -> float:
         return sum(v for (n, _), v in serve.metrics().items() if n == "rankmeter_ab_queries")

@@ -29,7 +29,8 @@ def test_report_ab_prints_the_exported_statistics_and_writes_html(kafka_bootstra
             if rnd.random() < (0.35 if ranker == "new" else 0.1) / (1 + i):
                 feedback.append((qid, {"query_id": qid, "action": "click", "doc_id": doc, "timestamp": now}))
     env = {"RANKMETER_AB_BASELINE": "base", "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_SPLIT": "base=0.5,new=0.5",
-           "RANKMETER_AB_MIN_QUERIES": "100", "RANKMETER_AB_START": str(now - 60_000)}
+           "RANKMETER_AB_MIN_QUERIES": "100", "RANKMETER_AB_START": str(now - 60_000),
+           "RANKMETER_AB_MIXTURE_AFTER": "0s"}
     prefix = f"rm-{uuid.uuid4().hex[:6]}"
     with Serve(kafka_bootstrap, redis_url, topics, f"g-{uuid.uuid4().hex[:6]}", prefix, extra_env=env,
                log_path=tmp_path / "serve.log") as serve:

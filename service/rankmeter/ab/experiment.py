@@ -59,12 +59,16 @@ class Look(NamedTuple):
 
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
-         names: list[str | None], settings: AB, running: Mapping[str, str]) -> tuple[Look, dict[str, str]]:
+         names: list[str | None], settings: AB, running: Mapping[str, str],
+         settled: bool = True) -> tuple[Look, dict[str, str]]:
     """`vectors`: (ranker, segment) -> the arm's summed vector over every partition, or
     with `ab.unit: user` its [B, size] sums per user bucket (ab/clusters.py: the variances
     and the sample-ratio test are then the cluster-robust ones over buckets); `names`: the
     measure of each slot of the experiment's definition (None: not compared). `running`:
-    what earlier looks kept; returns the look and what to keep now."""
+    what earlier looks kept; `settled`: the phase has run long enough for its first
+    queries' feedback to have arrived, so a τ² may be fixed from the metric's variance
+    (before, a comparison without a fixed τ² is not tested). Returns the look and what
+    to keep now."""
     by_user = settings.unit == "user"
     arms = {key: ab_sums.arm(v.sum(0) if by_user else v, names) for key, v in vectors.items()}
     columns = {n: c for c, n in enumerate(names) if n is not None}
@@ -95,6 +99,8 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 key = "\x1f".join((metric, ranker, segment, average))
                 before, tau2 = _decode(running.get(key)), _tau2(running.get(key))
                 if tau2 is None:
+                    if not (settled or settings.mixture_variance):
+                        continue  # read before the clicks arrive, the variance is too small
                     tau2 = settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
                 if not (math.isfinite(tau2) and tau2 > 0):
                     continue  # no variance yet (a rare event not seen): not fixed, not tested

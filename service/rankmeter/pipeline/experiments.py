@@ -15,7 +15,7 @@ from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.ab.stats import INTERLEAVING_TAU2
-from rankmeter.config import Settings, time_ms
+from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.labels import Labels
@@ -239,7 +239,12 @@ class Experiments:
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
         running = self._running(state)
-        result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running)
+        # A τ² per metric is fixed once the phase's first queries have their feedback
+        # (ab.mixture_after; by default twice the attribution window, with the grace).
+        w = self.settings.windows
+        after = duration_ms(a.mixture_after) if a.mixture_after else 2 * (duration_ms(w.attribution) + duration_ms(w.grace))
+        settled = self.clock() * 1000 >= phase.phase.since_ms + after
+        result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled)
         notes = phase.notes(names)
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit)
