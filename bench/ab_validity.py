@@ -62,6 +62,7 @@ from rankmeter.ab import (
     unit_variance,
     update,
 )
+from rankmeter.ab.experiment import look as experiment_look
 from rankmeter.config import AB
 from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 
@@ -302,14 +303,21 @@ def _binned(index: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> n
 
 
 def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int,
-                   treated: float, sigma: float):
+                   treated: float, sigma: float, s: float = 0.0):
     """Cumulative sums at every look, from the same queries: per arm (0 treatment, 1
     baseline) and bucket, y and n (macro: Σ values, queries counted; micro ctr: Σ clicks,
     Σ results), shape (chunk, looks, 2, B); per arm, RatioSums' columns, (chunk, looks, 2);
-    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B)."""
+    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B). `s`: the treatment's
+    regression, as `power_values` (ndcg: zeroed w.p. s; ctr: the click chance × (1 − s))."""
     queries = looks * batch
     prop, arm, bucket, _ = _draw_users(rng, chunk, queries, treated, sigma)
+    if s and metric == "ctr":
+        prop = prop * np.where(arm, 1.0 - s, 1.0)
     y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
+    if s and metric == "ndcg":
+        y = np.where(arm & (rng.random(y.shape) < s), 0.0, y)
+    elif s and metric != "ctr":
+        raise ValueError(f"no per-user regression for {metric!r}")
     counted = ~np.isnan(y)
     y = np.where(counted, y, 0.0)
     z = counted.astype(float) if z is None else z * counted   # a mean: n = queries counted
@@ -745,13 +753,19 @@ def _first_fixed(candidates: np.ndarray, values: np.ndarray) -> tuple[np.ndarray
 
 
 def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Generator, direction: float,
-                rules: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                rules: tuple[str, ...], est: Estimate | None = None,
+                true_variance: float | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each τ² rule's (first detecting look, wrong sign) per experiment, from the cumulative
     sums at every look. `product`: `ab.mixture_scale` × `unit_variance` at the comparison's
     first look (each arm ≥ min_queries, a variance > 0), then kept, as experiment.look does;
     `fixed`: DEFAULT_TAU2 for every metric; `oracle`: the scale × the true per-unit
-    variance; `product_after_2L`: as `product`, first fixed once 2·lag queries have arrived."""
-    est = _per_query_estimates("ctr" if metric == "ctr" else "mean", per_query, rng)
+    variance; `product_after_2L`: as `product`, first fixed once 2·lag queries have arrived.
+    `est`: the estimates when not the per-query ones (users' buckets; then not replayed)."""
+    replay = est is None
+    if est is None:
+        est = _per_query_estimates("ctr" if metric == "ctr" else "mean", per_query, rng)
+    if true_variance is None:
+        true_variance = power_moments(metric, 0.0)[1]
     n_t, n_b = per_query[0][..., 0], per_query[0][..., 1]
     ready = (np.minimum(n_t, n_b) >= DEFAULT_MIN_QUERIES) & np.isfinite(est.variance) & (est.variance > 0)
     uv = _unit_variances(metric, per_query, rng)
@@ -766,12 +780,11 @@ def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Gen
             tau2 = MIXTURE_SCALE * v
         else:
             j = np.where(ready.any(1), ready.argmax(1), -1)
-            true = power_moments(metric, 0.0)[1]
-            tau2 = np.full(len(j), DEFAULT_TAU2 if rule == "fixed" else MIXTURE_SCALE * true)
+            tau2 = np.full(len(j), DEFAULT_TAU2 if rule == "fixed" else MIXTURE_SCALE * true_variance)
             tau2 = np.where(j >= 0, tau2, np.nan)
         tested = ready & (np.arange(ready.shape[1])[None, :] >= np.where(j >= 0, j, ready.shape[1])[:, None])
         out[rule] = _detections(est, tested, tau2, rng, direction) + (tau2,)
-        if rule.startswith("product"):   # one experiment replayed look by look as experiment.look does
+        if replay and rule.startswith("product"):   # one experiment replayed look by look as experiment.look does
             row = int(rng.integers(0, ready.shape[0]))
             want = _replay(metric, per_query, row, batch, 2 * lag if rule == "product_after_2L" else 0)
             assert want == out[rule][0][row], (rule, row, want, out[rule][0][row])
@@ -779,27 +792,27 @@ def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Gen
 
 
 def _replay(metric: str, per_query, row: int, batch: int, fix_after: int) -> int:
-    """The first look at which experiment `row` is 'significant' (−1: none), computed with
-    the library one look at a time, τ² fixed as `rankmeter.ab.experiment.look` fixes it
-    (`fix_after`: not before that many queries)."""
-    running, tau2 = Running(), None
+    """The first look at which experiment `row` is 'significant' (−1: none), from the
+    service's own `rankmeter.ab.experiment.look`, one look at a time, its kept running
+    statistics (and the τ² it fixed) carried from look to look as the service carries them.
+    `fix_after`: no look before that many queries (the candidate fix: nothing is fixed,
+    nor tested, before)."""
+    settings = AB(baseline="B", unit="query")
+    average = "micro" if metric == "ctr" else "macro"
+    kept: dict[str, str] = {}
     for j in range(per_query[0].shape[1]):
-        arms = [RatioSums(*(float(c[row, j, a]) for c in per_query)) for a in (0, 1)]
-        if metric != "ctr":
-            arms = [MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms]
-        if min(arms[0].n, arms[1].n) < DEFAULT_MIN_QUERIES:
+        if (j + 1) * batch < fix_after:
             continue
-        est = ratio_difference(*arms) if metric == "ctr" else mean_difference(*arms)
-        if not (math.isfinite(est.variance) and est.variance > 0):
-            continue
-        if tau2 is None and (j + 1) * batch >= fix_after:
-            tau2 = MIXTURE_SCALE * unit_variance(*arms)
-            tau2 = tau2 if math.isfinite(tau2) and tau2 > 0 else None
-        if tau2 is None:
-            continue
-        running = update(running, msprt(est, tau2, ALPHA))
-        if running.p_value < ALPHA:
-            return j
+        vectors = {}
+        for ranker, a in (("T", 0), ("B", 1)):
+            n, sy, sz, syy, szz, syz = (float(c[row, j, a]) for c in per_query)
+            # [n, Σx, Σx², Σy, Σz, Σy², Σz², Σyz, queries, judged] (ab/sums.py), x = y for a mean
+            vectors[(ranker, "")] = np.array([n, sy, syy, sy, sz, syy, szz, syz, n, n])
+        result, now = experiment_look("power", "B", vectors, [metric], settings, kept)
+        kept.update(now)
+        for c in result.comparisons:
+            if c.average == average and c.running.p_value < ALPHA:
+                return j
     return -1
 
 
@@ -870,17 +883,82 @@ def power_matrix(args) -> None:
                   f"delta={m_t - m_b:+.5g} relative={(m_t - m_b) / m_b:+.2%} fixed_total={n_fixed:,.0f} "
                   f"fixed_power_sim={cp(res['fixed_hits'], P) if math.ceil(n_fixed / B) <= Q // B else 'n/a'} "
                   f"experiments={P} queries={Q} ({time.monotonic() - t0:.0f} s)")
-            print("| lag L | τ² rule | τ² fixed: median [10th, 90th pct] | detected by the end | "
-                  "queries to detection: median | 80th pct | median / fixed | 80th pct / fixed | wrong sign |")
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-            for (lag, rule), cell in res["cells"].items():
-                med, p80 = _quantiles(cell["first"], P)
-                fmt = lambda v: f"{v:,.0f}" if math.isfinite(v) else f"> {Q:,}"  # noqa: E731
-                ratio = lambda v: f"{v / n_fixed:.2f}" if math.isfinite(v) else f"> {Q / n_fixed:.1f}"  # noqa: E731
-                t = np.percentile(cell["tau2"], [50, 10, 90]) if cell["tau2"] else [math.nan] * 3
-                print(f"| {lag} | {RULE_NAMES[rule]} | {t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}] | "
-                      f"{cp(len(cell['first']), P)} | {fmt(med)} | {fmt(p80)} | {ratio(med)} | "
-                      f"{ratio(p80)} | {cell['wrong']} |", flush=True)
+            _print_rules(res["cells"], P, Q, n_fixed)
+
+
+def _pilot(metric: str, sigma: float) -> tuple[float, float]:
+    """The mean and the per-query variance `unit_variance` estimates (ctr: of the
+    linearised ratio) for users of propensity σ, from a pilot of 2,000,000 queries (the
+    oracle's τ²)."""
+    rng = np.random.default_rng([8, USER_METRICS.index(metric), round(sigma * 100)])
+    y, z = user_values(metric, rng, rng.lognormal(-sigma ** 2 / 2, sigma, 2_000_000))
+    if z is None:
+        return float(np.mean(y)), float(np.var(y))
+    r = y.sum() / z.sum()
+    return float(r), float(np.var(y - r * z) / z.mean() ** 2)
+
+
+def user_power(args) -> None:
+    """Queries to detection under per-user assignment (sticky arms, buckets, σ
+    `--user-sigma`), the regression of the per-query cell, τ² rules (a)–(c); the fixed
+    horizon from the delta's variance over the experiments (no formula with clusters)."""
+    metrics = ("ndcg", "ctr") if args.metric == "all" else tuple(args.metric.split(","))
+    split = float((args.split or "0.5").split(",")[0])
+    P, Q, B = args.power_experiments, args.power_queries, args.batch
+    looks = Q // B
+    k = (Z + stats.norm.ppf(0.8)) ** 2
+    for sigma in (float(x) for x in args.user_sigma.split(",")):
+        for metric in metrics:
+            t0 = time.monotonic()
+            rng = np.random.default_rng([args.seed, 500 + POWER_METRICS.index(metric), round(split * 1000),
+                                         round(sigma * 100)])
+            s = regression_for(metric, args.fixed_total)
+            direction = float(np.sign(power_moments(metric, s)[0] - power_moments(metric, 0.0)[0]))
+            m_b, true_var = _pilot(metric, sigma)
+            cells: dict = {}
+            deltas, variances = [], []
+            done = 0
+            prog = Progress(f"user {metric} σ {sigma:g}", P)
+            while done < P:
+                chunk = min(25, P - done)
+                (y, n), pq, _ = user_cell_sums(metric, rng, chunk, looks, B, 1.0 - split, sigma, s)
+                est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
+                deltas.append(est.delta)
+                variances.append(est.variance)
+                for rule, (first, wrong, tau2) in power_rules(metric, pq, B, 0, rng, direction,
+                                                              ("product", "fixed", "oracle"), est, true_var).items():
+                    cell = cells.setdefault(rule, {"first": [], "wrong": 0, "tau2": []})
+                    cell["first"] += [(f + 1) * B for f in first if f >= 0]
+                    cell["wrong"] += int(wrong.sum())
+                    cell["tau2"] += [t for t in tau2 if math.isfinite(t)]
+                done += chunk
+                prog(done)
+            delta, var = np.concatenate(deltas), np.concatenate(variances)
+            mean_delta = np.nanmean(delta, 0)
+            need = k * np.nanvar(delta, 0, ddof=1) <= mean_delta ** 2   # the fixed horizon's size, per look
+            j = int(need.argmax()) if need.any() else looks - 1
+            n_fixed = (j + 1) * B if need.any() else math.nan
+            fixed_hits = int((direction * delta[:, j] > Z * np.sqrt(var[:, j])).sum())
+            share = f"{split * 100:g}/{(1 - split) * 100:g}"
+            print(f"\nunit=user user_sigma={sigma:g} metric={metric} split={share} delta={mean_delta[-1]:+.5g} "
+                  f"relative={mean_delta[-1] / m_b:+.2%} fixed_total={n_fixed:,.0f} (empirical; nan: > {Q:,}) "
+                  f"fixed_power_sim={cp(fixed_hits, P)} at {(j + 1) * B:,} experiments={P} queries={Q} ({time.monotonic() - t0:.0f} s)")
+            _print_rules({(0, r): c for r, c in cells.items()}, P, Q, n_fixed)
+
+
+def _print_rules(cells: dict, experiments: int, queries: int, n_fixed: float) -> None:
+    print("| lag L | τ² rule | τ² fixed: median [10th, 90th pct] | detected by the end | "
+          "queries to detection: median | 80th pct | median / fixed | 80th pct / fixed | wrong sign |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (lag, rule), cell in cells.items():
+        med, p80 = _quantiles(cell["first"], experiments)
+        fmt = lambda v: f"{v:,.0f}" if math.isfinite(v) else f"> {queries:,}"  # noqa: E731
+        ratio = lambda v: ("n/a" if not math.isfinite(n_fixed) else f"{v / n_fixed:.2f}" if math.isfinite(v)  # noqa: E731
+                           else f"> {queries / n_fixed:.1f}")
+        t = np.percentile(cell["tau2"], [50, 10, 90]) if cell["tau2"] else [math.nan] * 3
+        print(f"| {lag} | {RULE_NAMES[rule]} | {t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}] | "
+              f"{cp(len(cell['first']), experiments)} | {fmt(med)} | {fmt(p80)} | {ratio(med)} | "
+              f"{ratio(p80)} | {cell['wrong']} |", flush=True)
 
 
 def lag_aa(args) -> None:
@@ -939,7 +1017,7 @@ def main() -> None:
                          "bernoulli; --split, --experiments, --queries)")
     args = ap.parse_args()
     if args.power_matrix:
-        power_matrix(args)
+        (user_power if args.unit == "user" else power_matrix)(args)
         return
     if args.lag_aa:
         lag_aa(args)
