@@ -5,7 +5,23 @@
     .venv/bin/python bench/ab_validity.py --matrix [--metric all] [--split 0.5,0.9,0.99] [--unit query]
         [--experiments 2000] [--seed 20261201]
 
-About 30 s on one core with the defaults; the matrix about 5 s a cell.
+    .venv/bin/python bench/ab_validity.py --power-matrix [--metric all] [--split 0.5] [--unit query]
+        [--feedback-lag 300,1000,3000] [--fixed-total 10000] [--power-experiments 1000] [--power-queries 60000]
+    .venv/bin/python bench/ab_validity.py --lag-aa [--metric bernoulli] [--split 0.5,0.9]
+        [--feedback-lag 300,1000,3000] [--experiments 2000] [--queries 60000]
+
+About 30 s on one core with the defaults; the matrix about 5 s a cell; --power-matrix
+about 1–2 min a metric (per-user: about 4).
+
+`--power-matrix`: queries to detection of a regression in each metric (nDCG-like,
+Bernoulli 1%, micro CTR, FirstClickRank-like and `clicks`, a negative-binomial count a
+query of mean 0.6), each sized so that a fixed-horizon 50/50 test at α = 0.05 with 80%
+power needs `--fixed-total` queries, under three τ² rules: the product's (`ab.mixture_scale`
+× `unit_variance` at the comparison's first look, kept — replayed through
+`rankmeter.ab.experiment.look` on a sample), one τ² = 1e-4 for every metric, the oracle
+(the scale × the true variance). `--feedback-lag L`: at every look the last L queries'
+clicks are still to come (they read as no click), the product's rule against fixing τ²
+only at the first look with n ≥ 2L; `--lag-aa`: A/A under the same lag.
 
 `--matrix`: the A/A rate where the statistics' assumptions break (issue 20), one line a
 cell, `… aa_rate=… ci=[…, …]` (Clopper–Pearson 95%): the baseline's share of the split
@@ -759,7 +775,8 @@ def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Gen
     sums at every look. `product`: `ab.mixture_scale` × `unit_variance` at the comparison's
     first look (each arm ≥ min_queries, a variance > 0), then kept, as experiment.look does;
     `fixed`: DEFAULT_TAU2 for every metric; `oracle`: the scale × the true per-unit
-    variance; `product_after_2L`: as `product`, first fixed once 2·lag queries have arrived.
+    variance; `product_after_2L` (`_4L`): as `product`, first fixed once 2·lag (4·lag)
+    queries have arrived.
     `est`: the estimates when not the per-query ones (users' buckets; then not replayed)."""
     replay = est is None
     if est is None:
@@ -773,9 +790,9 @@ def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Gen
     out = {}
     for rule in rules:
         can_fix = ready & np.isfinite(uv) & (uv > 0)
-        if rule == "product_after_2L":
-            can_fix &= queries >= 2 * lag
-        if rule in ("product", "product_after_2L"):
+        wait = _wait(rule, lag)
+        can_fix &= queries >= wait
+        if rule.startswith("product"):
             j, v = _first_fixed(can_fix, uv)
             tau2 = MIXTURE_SCALE * v
         else:
@@ -786,9 +803,14 @@ def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Gen
         out[rule] = _detections(est, tested, tau2, rng, direction) + (tau2,)
         if replay and rule.startswith("product"):   # one experiment replayed look by look as experiment.look does
             row = int(rng.integers(0, ready.shape[0]))
-            want = _replay(metric, per_query, row, batch, 2 * lag if rule == "product_after_2L" else 0)
+            want = _replay(metric, per_query, row, batch, wait)
             assert want == out[rule][0][row], (rule, row, want, out[rule][0][row])
     return out
+
+
+def _wait(rule: str, lag: int) -> int:
+    """Queries before a rule may fix τ²: k·lag for `product_after_<k>L`, else 0."""
+    return int(rule[len("product_after_"):-1]) * lag if rule.startswith("product_after_") else 0
 
 
 def _replay(metric: str, per_query, row: int, batch: int, fix_after: int) -> int:
@@ -825,7 +847,8 @@ def _quantiles(first_queries: list[int], total: int) -> tuple[float, float]:
 RULE_NAMES = {"product": "(a) product: scale × pooled variance at the first look",
               "fixed": "(b) one τ² = 1e-4 for every metric",
               "oracle": "(c) oracle: scale × true variance",
-              "product_after_2L": "(a′) product, fixed at the first look with n ≥ 2L"}
+              "product_after_2L": "(a′) product, fixed at the first look with n ≥ 2L",
+              "product_after_4L": "(a″) product, fixed at the first look with n ≥ 4L"}
 
 
 def power_cell(metric: str, split: float, experiments: int, queries: int, batch: int, lags: tuple[int, ...],
@@ -840,6 +863,7 @@ def power_cell(metric: str, split: float, experiments: int, queries: int, batch:
     n_fixed = fixed_total(metric, s, 1.0 - split) if regress else math.nan
     look_fixed = math.ceil(n_fixed / batch) - 1 if regress else looks
     res: dict = {"s": s, "n_fixed": n_fixed, "fixed_hits": 0, "cells": {}}
+    check = np.random.default_rng(int(rng.integers(2 ** 63)))   # the library checks' samples: not the data's
     done = 0
     prog = Progress(f"{metric} {split:g}{'' if regress else ' A/A'}", experiments)
     while done < experiments:
@@ -849,8 +873,9 @@ def power_cell(metric: str, split: float, experiments: int, queries: int, batch:
             if lag % batch:
                 raise ValueError("--feedback-lag must be a multiple of --batch")
             per_query = lagged(complete, pending, lag // batch)
-            rules = ("product", "fixed", "oracle") if lag == 0 else ("product", "product_after_2L", "oracle")
-            for rule, (first, wrong, tau2) in power_rules(metric, per_query, batch, lag, rng, direction,
+            rules = (("product", "fixed", "oracle") if lag == 0 else
+                     ("product", "product_after_2L", "product_after_4L", "oracle"))
+            for rule, (first, wrong, tau2) in power_rules(metric, per_query, batch, lag, check, direction,
                                                           rules).items():
                 cell = res["cells"].setdefault((lag, rule), {"first": [], "wrong": 0, "tau2": []})
                 cell["first"] += [(f + 1) * batch for f in first if f >= 0]
@@ -858,7 +883,7 @@ def power_cell(metric: str, split: float, experiments: int, queries: int, batch:
                 cell["tau2"] += [t for t in tau2 if math.isfinite(t)]
             if lag == 0 and regress and look_fixed < looks:   # the fixed-horizon test at its size
                 est = _per_query_estimates("ctr" if metric == "ctr" else "mean",
-                                           [c[:, look_fixed:look_fixed + 1] for c in per_query], rng)
+                                           [c[:, look_fixed:look_fixed + 1] for c in per_query], check)
                 res["fixed_hits"] += int((direction * est.delta[:, 0] > Z * np.sqrt(est.variance[:, 0])).sum())
         done += chunk
         prog(done)
@@ -916,6 +941,7 @@ def user_power(args) -> None:
             direction = float(np.sign(power_moments(metric, s)[0] - power_moments(metric, 0.0)[0]))
             m_b, true_var = _pilot(metric, sigma)
             cells: dict = {}
+            check = np.random.default_rng(int(rng.integers(2 ** 63)))
             deltas, variances = [], []
             done = 0
             prog = Progress(f"user {metric} σ {sigma:g}", P)
@@ -925,7 +951,7 @@ def user_power(args) -> None:
                 est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
                 deltas.append(est.delta)
                 variances.append(est.variance)
-                for rule, (first, wrong, tau2) in power_rules(metric, pq, B, 0, rng, direction,
+                for rule, (first, wrong, tau2) in power_rules(metric, pq, B, 0, check, direction,
                                                               ("product", "fixed", "oracle"), est, true_var).items():
                     cell = cells.setdefault(rule, {"first": [], "wrong": 0, "tau2": []})
                     cell["first"] += [(f + 1) * B for f in first if f >= 0]
