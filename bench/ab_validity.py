@@ -968,7 +968,8 @@ def user_power(args) -> None:
             share = f"{split * 100:g}/{(1 - split) * 100:g}"
             print(f"\nunit=user user_sigma={sigma:g} metric={metric} split={share} delta={mean_delta[-1]:+.5g} "
                   f"relative={mean_delta[-1] / m_b:+.2%} fixed_total={n_fixed:,.0f} (empirical; nan: > {Q:,}) "
-                  f"fixed_power_sim={cp(fixed_hits, P)} at {(j + 1) * B:,} experiments={P} queries={Q} ({time.monotonic() - t0:.0f} s)")
+                  f"fixed_power_sim={cp(fixed_hits, P)} at {(j + 1) * B:,} experiments={P} queries={Q} "
+                  f"({time.monotonic() - t0:.0f} s)")
             _print_rules({(0, r): c for r, c in cells.items()}, P, Q, n_fixed)
 
 
@@ -979,8 +980,8 @@ def _print_rules(cells: dict, experiments: int, queries: int, n_fixed: float) ->
     for (lag, rule), cell in cells.items():
         med, p80 = _quantiles(cell["first"], experiments)
         fmt = lambda v: f"{v:,.0f}" if math.isfinite(v) else f"> {queries:,}"  # noqa: E731
-        ratio = lambda v: ("n/a" if not math.isfinite(n_fixed) else f"{v / n_fixed:.2f}" if math.isfinite(v)  # noqa: E731
-                           else f"> {queries / n_fixed:.1f}")
+        ratio = lambda v: ("n/a" if not math.isfinite(n_fixed)  # noqa: E731
+                           else f"{v / n_fixed:.2f}" if math.isfinite(v) else f"> {queries / n_fixed:.1f}")
         t = np.percentile(cell["tau2"], [50, 10, 90]) if cell["tau2"] else [math.nan] * 3
         print(f"| {lag} | {RULE_NAMES[rule]} | {t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}] | "
               f"{cp(len(cell['first']), experiments)} | {fmt(med)} | {fmt(p80)} | {ratio(med)} | "
