@@ -78,9 +78,9 @@ from rankmeter.ab import (
     unit_variance,
     update,
 )
+from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 from rankmeter.ab.experiment import look as experiment_look
 from rankmeter.config import AB
-from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 
 ALPHA = 0.05
 Z = stats.norm.ppf(1 - ALPHA / 2)
