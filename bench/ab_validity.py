@@ -5,7 +5,23 @@
     .venv/bin/python bench/ab_validity.py --matrix [--metric all] [--split 0.5,0.9,0.99] [--unit query]
         [--experiments 2000] [--seed 20261201]
 
-About 30 s on one core with the defaults; the matrix about 5 s a cell.
+    .venv/bin/python bench/ab_validity.py --power-matrix [--metric all] [--split 0.5] [--unit query]
+        [--feedback-lag 300,1000,3000] [--fixed-total 10000] [--power-experiments 1000] [--power-queries 60000]
+    .venv/bin/python bench/ab_validity.py --lag-aa [--metric bernoulli] [--split 0.5,0.9]
+        [--feedback-lag 300,1000,3000] [--experiments 2000] [--queries 60000]
+
+About 30 s on one core with the defaults; the matrix about 5 s a cell; --power-matrix
+about 1–2 min a metric (per-user: about 4).
+
+`--power-matrix`: queries to detection of a regression in each metric (nDCG-like,
+Bernoulli 1%, micro CTR, FirstClickRank-like and `clicks`, a negative-binomial count a
+query of mean 0.6), each sized so that a fixed-horizon 50/50 test at α = 0.05 with 80%
+power needs `--fixed-total` queries, under three τ² rules: the product's (`ab.mixture_scale`
+× `unit_variance` at the comparison's first look, kept — replayed through
+`rankmeter.ab.experiment.look` on a sample), one τ² = 1e-4 for every metric, the oracle
+(the scale × the true variance). `--feedback-lag L`: at every look the last L queries'
+clicks are still to come (they read as no click), the product's rule against fixing τ²
+only at the first look with n ≥ 2L; `--lag-aa`: A/A under the same lag.
 
 `--matrix`: the A/A rate where the statistics' assumptions break (issue 20), one line a
 cell, `… aa_rate=… ci=[…, …]` (Clopper–Pearson 95%): the baseline's share of the split
@@ -59,9 +75,12 @@ from rankmeter.ab import (
     ratio_difference,
     srm_p_value,
     srm_update,
+    unit_variance,
     update,
 )
 from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
+from rankmeter.ab.experiment import look as experiment_look
+from rankmeter.config import AB
 
 ALPHA = 0.05
 Z = stats.norm.ppf(1 - ALPHA / 2)
@@ -69,6 +88,7 @@ P_ZERO, P_ONE = 0.35, 0.10          # nDCG@10-like: share of zeros and of ones
 MEAN = P_ONE + (1 - P_ZERO - P_ONE) * 0.5                      # 0.375
 SECOND = P_ONE + (1 - P_ZERO - P_ONE) * (0.05 + 0.25)          # E x², Beta(2,2): var 0.05
 REGRESSION = -0.02
+MIXTURE_SCALE = AB().mixture_scale   # ab.mixture_scale's default
 
 
 def ndcg_like(rng: np.random.Generator, size) -> np.ndarray:
@@ -299,14 +319,21 @@ def _binned(index: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> n
 
 
 def user_cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int,
-                   treated: float, sigma: float):
+                   treated: float, sigma: float, s: float = 0.0):
     """Cumulative sums at every look, from the same queries: per arm (0 treatment, 1
     baseline) and bucket, y and n (macro: Σ values, queries counted; micro ctr: Σ clicks,
     Σ results), shape (chunk, looks, 2, B); per arm, RatioSums' columns, (chunk, looks, 2);
-    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B)."""
+    all queries per arm and bucket (the SRM's), (chunk, looks, 2, B). `s`: the treatment's
+    regression, as `power_values` (ndcg: zeroed w.p. s; ctr: the click chance × (1 − s))."""
     queries = looks * batch
     prop, arm, bucket, _ = _draw_users(rng, chunk, queries, treated, sigma)
+    if s and metric == "ctr":
+        prop = prop * np.where(arm, 1.0 - s, 1.0)
     y, z = user_values(metric if metric in METRICS else "ndcg", rng, prop)
+    if s and metric == "ndcg":
+        y = np.where(arm & (rng.random(y.shape) < s), 0.0, y)
+    elif s and metric != "ctr":
+        raise ValueError(f"no per-user regression for {metric!r}")
     counted = ~np.isnan(y)
     y = np.where(counted, y, 0.0)
     z = counted.astype(float) if z is None else z * counted   # a mean: n = queries counted
@@ -518,7 +545,7 @@ def matrix(args) -> None:
     units = ("query", "user") if args.unit == "all" else (args.unit,)
     metrics = (USER_METRICS if args.metric == "all"
                else tuple(args.metric.split(",")))
-    splits = tuple(float(s) for s in args.split.split(","))
+    splits = tuple(float(s) for s in (args.split or ",".join(map(str, SPLITS))).split(","))
     sigmas = tuple(float(s) for s in args.user_sigma.split(","))
     for unit in units:
         for metric in metrics:
@@ -565,6 +592,420 @@ def matrix(args) -> None:
                     print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
+# ---- power with τ² per metric, and τ² under late feedback (issue 20) ----
+
+POWER_METRICS = ("ndcg", "bernoulli", "ctr", "fcr", "clicks")
+CLICKS_MEAN, CLICKS_SIZE = 0.6, 0.5    # clicks a query: negative binomial, var μ + μ²/size = 1.32
+FCR_RANKS = np.arange(1, 101, dtype=float)
+
+
+def fcr_pmf(s: float) -> np.ndarray:
+    """The first click's rank, P(r) ∝ r^−(1.3 − s) on 1..100: s > 0 a heavier tail (the
+    relevant results placed lower), `cell_values`' fcr at s = 0."""
+    w = FCR_RANKS ** -(1.3 - s)
+    return w / w.sum()
+
+
+def power_moments(metric: str, s: float) -> tuple[float, float, float]:
+    """(mean, per-unit variance, share of queries where defined) of the metric when the
+    treatment's regression has strength `s` (0: the baseline). The regressions: nDCG-like
+    zeroed w.p. s; Bernoulli 1%, the per-result CTR and the clicks' mean × (1 − s); the
+    first click's rank exponent 1.3 − s (fcr: `fcr_pmf`). ctr: the per-query variance of
+    the linearised ratio (y − R·z)/z̄, what `unit_variance` estimates."""
+    if metric == "ndcg":
+        return MEAN * (1 - s), SECOND * (1 - s) - (MEAN * (1 - s)) ** 2, 1.0
+    if metric == "bernoulli":
+        p = BERNOULLI_P * (1 - s)
+        return p, p * (1 - p), 1.0
+    if metric == "ctr":
+        q = CTR_P * (1 - s)
+        return q, q * (1 - q) / CTR_RESULTS, 1.0
+    if metric == "clicks":
+        mu = CLICKS_MEAN * (1 - s)
+        return mu, mu + mu * mu / CLICKS_SIZE, 1.0
+    if metric == "fcr":
+        p = fcr_pmf(s)
+        m = float(p @ FCR_RANKS)
+        return m, float(p @ FCR_RANKS ** 2) - m * m, FCR_CLICKED
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def fixed_total(metric: str, s: float, treated: float) -> float:
+    """Queries in all a fixed-horizon two-sided test at α with 80% power needs, a share
+    `treated` of them in the treatment: (z₁₋α/₂ + z₀.₈)²·(σ²_T/n_T + σ²_B/n_B)/δ² solved
+    for n_T + n_B (n counted: the defined share of each arm's queries)."""
+    m_b, v_b, f = power_moments(metric, 0.0)
+    m_t, v_t, _ = power_moments(metric, s)
+    k = (Z + stats.norm.ppf(0.8)) ** 2
+    return k * (v_t / (f * treated) + v_b / (f * (1 - treated))) / (m_t - m_b) ** 2
+
+
+def regression_for(metric: str, total: float) -> float:
+    """The strength s at which the fixed-horizon 50/50 test needs `total` queries."""
+    lo, hi = 1e-6, 0.99
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fixed_total(metric, mid, 0.5) > total else (lo, mid)
+    return (lo + hi) / 2
+
+
+def power_values(metric: str, rng: np.random.Generator, treat: np.ndarray, s: float):
+    """Per-query (y, z): values (nan: undefined, left out) and, for ctr, the results shown;
+    the treatment's (`treat`) with the regression of strength s."""
+    size = treat.shape
+    if metric == "ndcg":
+        x = ndcg_like(rng, size)
+        return np.where(treat & (rng.random(size) < s), 0.0, x), None
+    if metric == "bernoulli":
+        return (rng.random(size) < BERNOULLI_P * np.where(treat, 1 - s, 1.0)).astype(float), None
+    if metric == "ctr":
+        clicks = rng.binomial(CTR_RESULTS, CTR_P * np.where(treat, 1 - s, 1.0)).astype(float)
+        return clicks, np.full(size, float(CTR_RESULTS))
+    if metric == "clicks":
+        mu = CLICKS_MEAN * np.where(treat, 1 - s, 1.0)
+        return rng.negative_binomial(CLICKS_SIZE, CLICKS_SIZE / (CLICKS_SIZE + mu)).astype(float), None
+    if metric == "fcr":
+        u = rng.random(size)
+        rank = np.where(treat, np.searchsorted(np.cumsum(fcr_pmf(s)), u), np.searchsorted(np.cumsum(fcr_pmf(0.0)), u))
+        rank = np.minimum(rank, 99) + 1.0   # cumsum's last value may round below 1
+        return np.where(rng.random(size) < FCR_CLICKED, rank, np.nan), None
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def power_batches(metric: str, rng: np.random.Generator, chunk: int, looks: int, batch: int,
+                  treated: float, s: float):
+    """Per batch of `batch` queries, per arm (last axis: 0 treatment, 1 baseline), RatioSums'
+    columns (n, Σy, Σz, Σy², Σz², Σyz), arrays (chunk, looks, 2): as they are once every
+    click has arrived (`complete`), and as they read while the clicks are still to come
+    (`pending`: no click yet — 0 clicks, no event, no nDCG gain; fcr undefined)."""
+    treat = rng.random((chunk, looks * batch)) < treated
+    y, z = power_values(metric, rng, treat, s)
+    counted = ~np.isnan(y)
+    y = np.where(counted, y, 0.0)
+    z = counted.astype(float) if z is None else z
+    zp = np.zeros_like(z) if metric == "fcr" else z          # a pending query: no first click yet
+    complete = (counted.astype(float), y, z, y * y, z * z, y * z)
+    pending = ((zp > 0).astype(float) if metric == "fcr" else np.ones_like(y), 0 * y, zp, 0 * y, zp * zp, 0 * y)
+
+    def per_batch(columns):
+        out = []
+        for c in columns:
+            c = c.reshape(chunk, looks, batch)
+            m = treat.reshape(chunk, looks, batch)
+            out.append(np.stack([(c * m).sum(2), (c * ~m).sum(2)], -1))
+        return out
+    return per_batch(complete), per_batch(pending)
+
+
+def lagged(complete, pending, lag_batches: int):
+    """Cumulative sums at every look when the last `lag_batches` batches' clicks have not
+    arrived yet (they read as `pending`; later looks see them complete)."""
+    out = []
+    for c, p in zip(complete, pending):
+        cc, cp_ = np.cumsum(c, 1), np.cumsum(p, 1)
+        if lag_batches == 0:
+            out.append(cc)
+            continue
+        pad = np.zeros_like(cc[:, :lag_batches])
+        cc_old = np.concatenate([pad, cc[:, :-lag_batches]], 1)   # complete up to look j − k
+        cp_old = np.concatenate([pad, cp_[:, :-lag_batches]], 1)
+        out.append(cc_old + cp_ - cp_old)
+    return out
+
+
+def _unit_variances(metric: str, per_query, rng: np.random.Generator) -> np.ndarray:
+    """`unit_variance` of both arms at every look, vectorised (s² of a mean; n·Var(R) of
+    the pooled ratio for ctr), a sample checked against the library."""
+    n, sy, sz, syy, szz, syz = (c.sum(-1) for c in per_query)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if metric == "ctr":
+            r = sy / sz
+            vy, vz = (syy - sy * sy / n) / (n - 1), (szz - sz * sz / n) / (n - 1)
+            cyz = (syz - sy * sz / n) / (n - 1)
+            out = np.maximum(0.0, vy - 2 * r * cyz + r * r * vz) / (sz / n) ** 2
+            out = np.where(sz != 0, out, np.nan)
+        else:
+            out = np.maximum(0.0, (syy - sy * sy / n) / (n - 1))
+        out = np.where(n >= 2, out, np.nan)
+    for idx in zip(*(rng.integers(0, d, 8) for d in out.shape)):
+        arms = [RatioSums(*(float(c[idx][a]) for c in per_query)) for a in (0, 1)]
+        if metric != "ctr":
+            arms = [MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms]
+        want = unit_variance(*arms)
+        assert (math.isnan(want) and math.isnan(out[idx])) or math.isclose(want, out[idx], rel_tol=1e-6,
+                                                                         abs_tol=1e-15), (want, out[idx])
+    return out
+
+
+def _detections(est: Estimate, tested: np.ndarray, tau2: np.ndarray, rng: np.random.Generator,
+                direction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per experiment (row), the first look whose mSPRT p is below α among the `tested`
+    looks, with its τ² per row (nan: never fixed, never tested), −1 if none, and whether
+    that look's delta had the wrong sign (against `direction`). Sampled against `msprt`."""
+    delta, var = np.asarray(est.delta, float), np.asarray(est.variance, float)
+    t2 = tau2[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log_lam = np.where(tested & np.isfinite(t2),
+                           -0.5 * np.log1p(t2 / var) + t2 * delta * delta / (2.0 * var * (var + t2)), -np.inf)
+    log_lam = np.where(np.isfinite(log_lam), log_lam, -np.inf)
+    for idx in zip(*(rng.integers(0, d, 8) for d in delta.shape)):
+        if not tested[idx] or not math.isfinite(tau2[idx[0]]) or not (var[idx] > 0):
+            continue
+        want = msprt(Estimate(float(delta[idx]), math.nan, float(var[idx])), float(tau2[idx[0]]), ALPHA).p_value
+        got = math.exp(-log_lam[idx]) if log_lam[idx] > 0 else 1.0
+        assert math.isclose(got, want, rel_tol=1e-9), (got, want)
+    hit = log_lam > math.log(1.0 / ALPHA)
+    first = np.where(hit.any(1), hit.argmax(1), -1)
+    rows = np.arange(len(first))
+    wrong = (first >= 0) & (np.sign(delta[rows, np.maximum(first, 0)]) == -np.sign(direction))
+    return first, wrong
+
+
+def _first_fixed(candidates: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the first look where `candidates` holds and that look's value (nan if none)."""
+    j = np.where(candidates.any(1), candidates.argmax(1), -1)
+    v = np.where(j >= 0, values[np.arange(len(j)), np.maximum(j, 0)], np.nan)
+    return j, v
+
+
+def power_rules(metric: str, per_query, batch: int, lag: int, rng: np.random.Generator, direction: float,
+                rules: tuple[str, ...], est: Estimate | None = None,
+                true_variance: float | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each τ² rule's (first detecting look, wrong sign) per experiment, from the cumulative
+    sums at every look. `product`: `ab.mixture_scale` × `unit_variance` at the comparison's
+    first look (each arm ≥ min_queries, a variance > 0), then kept, as experiment.look does;
+    `fixed`: DEFAULT_TAU2 for every metric; `oracle`: the scale × the true per-unit
+    variance; `product_after_2L` (`_4L`): as `product`, first fixed once 2·lag (4·lag)
+    queries have arrived.
+    `est`: the estimates when not the per-query ones (users' buckets; then not replayed)."""
+    replay = est is None
+    if est is None:
+        est = _per_query_estimates("ctr" if metric == "ctr" else "mean", per_query, rng)
+    if true_variance is None:
+        true_variance = power_moments(metric, 0.0)[1]
+    n_t, n_b = per_query[0][..., 0], per_query[0][..., 1]
+    ready = (np.minimum(n_t, n_b) >= DEFAULT_MIN_QUERIES) & np.isfinite(est.variance) & (est.variance > 0)
+    uv = _unit_variances(metric, per_query, rng)
+    queries = batch * np.arange(1, ready.shape[1] + 1)[None, :]
+    out = {}
+    for rule in rules:
+        can_fix = ready & np.isfinite(uv) & (uv > 0)
+        wait = _wait(rule, lag)
+        can_fix &= queries >= wait
+        if rule.startswith("product"):
+            j, v = _first_fixed(can_fix, uv)
+            tau2 = MIXTURE_SCALE * v
+        else:
+            j = np.where(ready.any(1), ready.argmax(1), -1)
+            tau2 = np.full(len(j), DEFAULT_TAU2 if rule == "fixed" else MIXTURE_SCALE * true_variance)
+            tau2 = np.where(j >= 0, tau2, np.nan)
+        tested = ready & (np.arange(ready.shape[1])[None, :] >= np.where(j >= 0, j, ready.shape[1])[:, None])
+        out[rule] = _detections(est, tested, tau2, rng, direction) + (tau2,)
+        if replay and rule.startswith("product"):   # one experiment replayed look by look as experiment.look does
+            row = int(rng.integers(0, ready.shape[0]))
+            want = _replay(metric, per_query, row, batch, wait)
+            assert want == out[rule][0][row], (rule, row, want, out[rule][0][row])
+    return out
+
+
+def _wait(rule: str, lag: int) -> int:
+    """Queries before a rule may fix τ²: k·lag for `product_after_<k>L`, else 0."""
+    return int(rule[len("product_after_"):-1]) * lag if rule.startswith("product_after_") else 0
+
+
+def _replay(metric: str, per_query, row: int, batch: int, fix_after: int) -> int:
+    """The first look at which experiment `row` is 'significant' (−1: none), from the
+    service's own `rankmeter.ab.experiment.look`, one look at a time, its kept running
+    statistics (and the τ² it fixed) carried from look to look as the service carries them.
+    `fix_after`: no look before that many queries (the candidate fix: nothing is fixed,
+    nor tested, before)."""
+    settings = AB(baseline="B", unit="query")
+    average = "micro" if metric == "ctr" else "macro"
+    kept: dict[str, str] = {}
+    for j in range(per_query[0].shape[1]):
+        if (j + 1) * batch < fix_after:
+            continue
+        vectors = {}
+        for ranker, a in (("T", 0), ("B", 1)):
+            n, sy, sz, syy, szz, syz = (float(c[row, j, a]) for c in per_query)
+            # [n, Σx, Σx², Σy, Σz, Σy², Σz², Σyz, queries, judged] (ab/sums.py), x = y for a mean
+            vectors[(ranker, "")] = np.array([n, sy, syy, sy, sz, syy, szz, syz, n, n])
+        result, now = experiment_look("power", "B", vectors, [metric], settings, kept)
+        kept.update(now)
+        for c in result.comparisons:
+            if c.average == average and c.running.p_value < ALPHA:
+                return j
+    return -1
+
+
+def _quantiles(first_queries: list[int], total: int) -> tuple[float, float]:
+    times = np.array(first_queries + [math.inf] * (total - len(first_queries)))
+    med, p80 = np.quantile(times, [0.5, 0.8], method="inverted_cdf")
+    return float(med), float(p80)
+
+
+RULE_NAMES = {"product": "(a) product: scale × pooled variance at the first look",
+              "fixed": "(b) one τ² = 1e-4 for every metric",
+              "oracle": "(c) oracle: scale × true variance",
+              "product_after_2L": "(a′) product, fixed at the first look with n ≥ 2L",
+              "product_after_4L": "(a″) product, fixed at the first look with n ≥ 4L"}
+
+
+def power_cell(metric: str, split: float, experiments: int, queries: int, batch: int, lags: tuple[int, ...],
+               rng: np.random.Generator, total: float = 0.0) -> dict:
+    """Experiments of one metric and split (the baseline's share), with the regression
+    sized to a fixed-horizon 50/50 `total` (0: A/A); per lag (queries whose clicks are still to come at each look) and
+    τ² rule, the looks of first detection, the wrong signs and the τ² fixed."""
+    regress = total > 0
+    s = regression_for(metric, total) if regress else 0.0
+    direction = float(np.sign(power_moments(metric, s)[0] - power_moments(metric, 0.0)[0])) or 1.0
+    looks = queries // batch
+    n_fixed = fixed_total(metric, s, 1.0 - split) if regress else math.nan
+    look_fixed = math.ceil(n_fixed / batch) - 1 if regress else looks
+    res: dict = {"s": s, "n_fixed": n_fixed, "fixed_hits": 0, "cells": {}}
+    check = np.random.default_rng(int(rng.integers(2 ** 63)))   # the library checks' samples: not the data's
+    done = 0
+    prog = Progress(f"{metric} {split:g}{'' if regress else ' A/A'}", experiments)
+    while done < experiments:
+        chunk = min(50, experiments - done)
+        complete, pending = power_batches(metric, rng, chunk, looks, batch, 1.0 - split, s)
+        for lag in lags:
+            if lag % batch:
+                raise ValueError("--feedback-lag must be a multiple of --batch")
+            per_query = lagged(complete, pending, lag // batch)
+            rules = (("product", "fixed", "oracle") if lag == 0 else
+                     ("product", "product_after_2L", "product_after_4L", "oracle"))
+            for rule, (first, wrong, tau2) in power_rules(metric, per_query, batch, lag, check, direction,
+                                                          rules).items():
+                cell = res["cells"].setdefault((lag, rule), {"first": [], "wrong": 0, "tau2": []})
+                cell["first"] += [(f + 1) * batch for f in first if f >= 0]
+                cell["wrong"] += int(wrong.sum())
+                cell["tau2"] += [t for t in tau2 if math.isfinite(t)]
+            if lag == 0 and regress and look_fixed < looks:   # the fixed-horizon test at its size
+                est = _per_query_estimates("ctr" if metric == "ctr" else "mean",
+                                           [c[:, look_fixed:look_fixed + 1] for c in per_query], check)
+                res["fixed_hits"] += int((direction * est.delta[:, 0] > Z * np.sqrt(est.variance[:, 0])).sum())
+        done += chunk
+        prog(done)
+    return res
+
+
+def power_matrix(args) -> None:
+    metrics = POWER_METRICS if args.metric == "all" else tuple(args.metric.split(","))
+    splits = tuple(float(x) for x in (args.split or "0.5").split(","))
+    lags = (0,) + tuple(int(x) for x in args.feedback_lag.split(",") if x and int(x) > 0)
+    P, Q, B = args.power_experiments, args.power_queries, args.batch
+    for split in splits:
+        share = f"{split * 100:g}/{(1 - split) * 100:g}"
+        for metric in metrics:
+            t0 = time.monotonic()
+            rng = np.random.default_rng([args.seed, 300 + POWER_METRICS.index(metric), round(split * 1000)])
+            res = power_cell(metric, split, P, Q, B, lags, rng, args.fixed_total)
+            m_b, v_b, f = power_moments(metric, 0.0)
+            m_t, _, _ = power_moments(metric, res["s"])
+            n_fixed = res["n_fixed"]
+            print(f"\nmetric={metric} split={share} mean={m_b:.5g} sd={math.sqrt(v_b):.4g} defined={f:g} "
+                  f"delta={m_t - m_b:+.5g} relative={(m_t - m_b) / m_b:+.2%} fixed_total={n_fixed:,.0f} "
+                  f"fixed_power_sim={cp(res['fixed_hits'], P) if math.ceil(n_fixed / B) <= Q // B else 'n/a'} "
+                  f"experiments={P} queries={Q} ({time.monotonic() - t0:.0f} s)")
+            _print_rules(res["cells"], P, Q, n_fixed)
+
+
+def _pilot(metric: str, sigma: float) -> tuple[float, float]:
+    """The mean and the per-query variance `unit_variance` estimates (ctr: of the
+    linearised ratio) for users of propensity σ, from a pilot of 2,000,000 queries (the
+    oracle's τ²)."""
+    rng = np.random.default_rng([8, USER_METRICS.index(metric), round(sigma * 100)])
+    y, z = user_values(metric, rng, rng.lognormal(-sigma ** 2 / 2, sigma, 2_000_000))
+    if z is None:
+        return float(np.mean(y)), float(np.var(y))
+    r = y.sum() / z.sum()
+    return float(r), float(np.var(y - r * z) / z.mean() ** 2)
+
+
+def user_power(args) -> None:
+    """Queries to detection under per-user assignment (sticky arms, buckets, σ
+    `--user-sigma`), the regression of the per-query cell, τ² rules (a)–(c); the fixed
+    horizon from the delta's variance over the experiments (no formula with clusters)."""
+    metrics = ("ndcg", "ctr") if args.metric == "all" else tuple(args.metric.split(","))
+    split = float((args.split or "0.5").split(",")[0])
+    P, Q, B = args.power_experiments, args.power_queries, args.batch
+    looks = Q // B
+    k = (Z + stats.norm.ppf(0.8)) ** 2
+    for sigma in (float(x) for x in args.user_sigma.split(",")):
+        for metric in metrics:
+            t0 = time.monotonic()
+            rng = np.random.default_rng([args.seed, 500 + POWER_METRICS.index(metric), round(split * 1000),
+                                         round(sigma * 100)])
+            s = regression_for(metric, args.fixed_total)
+            direction = float(np.sign(power_moments(metric, s)[0] - power_moments(metric, 0.0)[0]))
+            m_b, true_var = _pilot(metric, sigma)
+            cells: dict = {}
+            check = np.random.default_rng(int(rng.integers(2 ** 63)))
+            deltas, variances = [], []
+            done = 0
+            prog = Progress(f"user {metric} σ {sigma:g}", P)
+            while done < P:
+                chunk = min(25, P - done)
+                (y, n), pq, _ = user_cell_sums(metric, rng, chunk, looks, B, 1.0 - split, sigma, s)
+                est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
+                deltas.append(est.delta)
+                variances.append(est.variance)
+                for rule, (first, wrong, tau2) in power_rules(metric, pq, B, 0, check, direction,
+                                                              ("product", "fixed", "oracle"), est, true_var).items():
+                    cell = cells.setdefault(rule, {"first": [], "wrong": 0, "tau2": []})
+                    cell["first"] += [(f + 1) * B for f in first if f >= 0]
+                    cell["wrong"] += int(wrong.sum())
+                    cell["tau2"] += [t for t in tau2 if math.isfinite(t)]
+                done += chunk
+                prog(done)
+            delta, var = np.concatenate(deltas), np.concatenate(variances)
+            mean_delta = np.nanmean(delta, 0)
+            need = k * np.nanvar(delta, 0, ddof=1) <= mean_delta ** 2   # the fixed horizon's size, per look
+            j = int(need.argmax()) if need.any() else looks - 1
+            n_fixed = (j + 1) * B if need.any() else math.nan
+            fixed_hits = int((direction * delta[:, j] > Z * np.sqrt(var[:, j])).sum())
+            share = f"{split * 100:g}/{(1 - split) * 100:g}"
+            print(f"\nunit=user user_sigma={sigma:g} metric={metric} split={share} delta={mean_delta[-1]:+.5g} "
+                  f"relative={mean_delta[-1] / m_b:+.2%} fixed_total={n_fixed:,.0f} (empirical; nan: > {Q:,}) "
+                  f"fixed_power_sim={cp(fixed_hits, P)} at {(j + 1) * B:,} experiments={P} queries={Q} "
+                  f"({time.monotonic() - t0:.0f} s)")
+            _print_rules({(0, r): c for r, c in cells.items()}, P, Q, n_fixed)
+
+
+def _print_rules(cells: dict, experiments: int, queries: int, n_fixed: float) -> None:
+    print("| lag L | τ² rule | τ² fixed: median [10th, 90th pct] | detected by the end | "
+          "queries to detection: median | 80th pct | median / fixed | 80th pct / fixed | wrong sign |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (lag, rule), cell in cells.items():
+        med, p80 = _quantiles(cell["first"], experiments)
+        fmt = lambda v: f"{v:,.0f}" if math.isfinite(v) else f"> {queries:,}"  # noqa: E731
+        ratio = lambda v: ("n/a" if not math.isfinite(n_fixed)  # noqa: E731
+                           else f"{v / n_fixed:.2f}" if math.isfinite(v) else f"> {queries / n_fixed:.1f}")
+        t = np.percentile(cell["tau2"], [50, 10, 90]) if cell["tau2"] else [math.nan] * 3
+        print(f"| {lag} | {RULE_NAMES[rule]} | {t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}] | "
+              f"{cp(len(cell['first']), experiments)} | {fmt(med)} | {fmt(p80)} | {ratio(med)} | "
+              f"{ratio(p80)} | {cell['wrong']} |", flush=True)
+
+
+def lag_aa(args) -> None:
+    """A/A under late feedback: the share of experiments ever 'significant', per lag and
+    τ² rule, `--experiments` to `--queries` (Clopper–Pearson 95%)."""
+    metrics = ("bernoulli",) if args.metric == "all" else tuple(args.metric.split(","))
+    splits = tuple(float(x) for x in (args.split or "0.5,0.9").split(","))
+    lags = (0,) + tuple(int(x) for x in args.feedback_lag.split(",") if x and int(x) > 0)
+    for split in splits:
+        share = f"{split * 100:g}/{(1 - split) * 100:g}"
+        for metric in metrics:
+            t0 = time.monotonic()
+            rng = np.random.default_rng([args.seed, 400 + POWER_METRICS.index(metric), round(split * 1000)])
+            res = power_cell(metric, split, args.experiments, args.queries, args.batch, lags, rng)
+            for (lag, rule), cell in res["cells"].items():
+                print(_line(f"metric={metric} split={share} lag={lag} rule={rule}", len(cell["first"]),
+                            args.experiments), flush=True)
+            print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiments", type=int, default=2000)
@@ -576,7 +1017,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--matrix", action="store_true", help="the A/A matrix of splits and measures only")
     ap.add_argument("--metric", default="all", help=f"of the matrix: all, or some of {','.join(METRICS)}")
-    ap.add_argument("--split", default=",".join(map(str, SPLITS)), help="of the matrix: the baseline's shares")
+    ap.add_argument("--split", default=None,
+                    help="the baseline's shares: of the matrix (default 0.5,0.9,0.99), --power-matrix (0.5), "
+                         "--lag-aa (0.5,0.9)")
     ap.add_argument("--unit", default="query", choices=("query", "user", "all"),
                     help="of the matrix: per-query assignment, per-user (sticky, bucket statistics), or both")
     ap.add_argument("--user-sigma", default=",".join(map(str, USER_SIGMAS)),
@@ -587,7 +1030,25 @@ def main() -> None:
                     help="of the matrix, --unit user: τ² scaled to each measure's variance (scaled_tau2)")
     ap.add_argument("--no-per-query", action="store_true",
                     help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
+    ap.add_argument("--power-matrix", action="store_true",
+                    help="queries to detection per metric and τ² rule (--metric, --split, --power-experiments, "
+                         "--power-queries, --feedback-lag)")
+    ap.add_argument("--fixed-total", type=float, default=10_000,
+                    help="of --power-matrix: each metric's regression sized so that a fixed-horizon 50/50 test "
+                         "with 80%% power needs this many queries")
+    ap.add_argument("--feedback-lag", default="",
+                    help="of --power-matrix and --lag-aa: queries whose clicks are still to come at each look, "
+                         "comma-separated multiples of --batch, e.g. 300,1000,3000")
+    ap.add_argument("--lag-aa", action="store_true",
+                    help="A/A under --feedback-lag: the product's τ² rule and the fix (--metric, default "
+                         "bernoulli; --split, --experiments, --queries)")
     args = ap.parse_args()
+    if args.power_matrix:
+        (user_power if args.unit == "user" else power_matrix)(args)
+        return
+    if args.lag_aa:
+        lag_aa(args)
+        return
     if args.bucket_loss:
         bucket_loss(args)
         return
