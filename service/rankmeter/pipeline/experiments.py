@@ -55,6 +55,16 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     return None
 
 
+def mixture_after_ms(settings: Settings) -> int:
+    """How long after a phase's start a τ² per metric may be fixed: once its first queries
+    have their feedback (ab.mixture_after; by default twice the attribution window, with
+    the grace). Read before the clicks arrive, a click metric's variance is far too small."""
+    w = settings.windows
+    if settings.ab.mixture_after:
+        return duration_ms(settings.ab.mixture_after)
+    return 2 * (duration_ms(w.attribution) + duration_ms(w.grace))
+
+
 def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> str:
     """The field of an interleaving experiment's counts; with `ab.interleaving_start`
     its start is part of it: a name reused with another start is another experiment."""
@@ -239,11 +249,7 @@ class Experiments:
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
         running = self._running(state)
-        # A τ² per metric is fixed once the phase's first queries have their feedback
-        # (ab.mixture_after; by default twice the attribution window, with the grace).
-        w = self.settings.windows
-        after = duration_ms(a.mixture_after) if a.mixture_after else 2 * (duration_ms(w.attribution) + duration_ms(w.grace))
-        settled = self.clock() * 1000 >= phase.phase.since_ms + after
+        settled = self.clock() * 1000 >= phase.phase.since_ms + mixture_after_ms(self.settings)
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled)
         notes = phase.notes(names)
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
