@@ -1,0 +1,86 @@
+"""`rankmeter eval` after the review of issue 23: bad input in one line, the choice between
+trec_eval's and ir_measures' reading of a command line, exact numeric parameters, a
+measure named twice, rbp's gain parameters, negative -M. Run in-process (the parser and
+`main`, as the installed command runs them); expected trec_eval lines come from the real
+trec_eval 10.0-rc3 binary, the command in a comment beside them."""
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from rankmeter.cli.command import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "trec_eval"
+Q, R = str(FIXTURES / "qrels.test"), str(FIXTURES / "results.test")
+
+
+def run_eval(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["eval", *args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def files(tmp_path: Path, qrels: str, run: str) -> tuple[str, str]:
+    (tmp_path / "q").write_text(qrels)
+    (tmp_path / "r").write_text(run)
+    return str(tmp_path / "q"), str(tmp_path / "r")
+
+
+def lines(*rows: tuple[str, str, object]) -> str:
+    return "".join(f"{m:<22}\t{q}\t{v if isinstance(v, (int, str)) else format(v, '6.4f')}\n" for m, q, v in rows)
+
+
+def assert_refused(args: list[str], message: str, tmp_path: Path,
+                   qrels: str = "q1 0 d1 1\nq1 0 d2 0\n", run: str = "q1 Q0 d1 1 3 t\nq1 Q0 d2 2 2 t\n") -> None:
+    q, r = files(tmp_path, qrels, run)
+    rc, out, err = run_eval(*args, q, r)
+    assert (rc, out) == (2, ""), err
+    assert len(err.splitlines()) == 1 and err.startswith("rankmeter eval: error: "), err
+    assert message in err, err
+
+
+# ---- finding 6: one line and exit 2, never a traceback ------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["-m", "P."], "illegal measure 'P.': no parameter after the '.'"),
+    (["-m", "11pt_avg.2"], "illegal measure '11pt_avg': recall point 2 is not in 0..1"),
+    (["-m", "iprec_at_recall.-0.1"], "illegal measure 'iprec_at_recall': recall point -0.1 is not in 0..1"),
+    (["-m", "iprec_at_recall.1.5"], "illegal measure 'iprec_at_recall': recall point 1.5 is not in 0..1"),
+    (["-m", "P.1e400"], "illegal measure 'P': cut-off '1e400' is not a finite number"),
+    (["-m", "P.nan"], "illegal measure 'P': cut-off 'nan' is not a finite number"),
+    (["-m", "Rprec_mult.-1"], "illegal measure 'Rprec_mult': multiple -1 of R must be positive"),
+    (["-m", "set_F.-1"], "illegal measure 'set_F': its parameter (β²) -1 must be 0 or more"),
+    (["-m", "set_F.inf"], "illegal measure 'set_F': 'inf' is not a finite number"),
+    (["-m", "utility.1,-1,0,inf"], "illegal measure 'utility': 'inf' is not a finite number"),
+])
+def test_bad_measure_parameters_are_one_line(tmp_path, args, message):
+    assert_refused(args, message, tmp_path)
+
+
+@pytest.mark.parametrize("qrels, message", [
+    ("q1 0 d1 inf\nq1 0 d2 -inf\n", "q:1: grade 'inf' is not a finite number"),
+    ("q1 0 d1 1\nq1 0 d2 -inf\n", "q:2: grade '-inf' is not a finite number"),
+])
+def test_non_finite_grades_are_refused_with_file_and_line(tmp_path, qrels, message):
+    for names in (["-m", "map"], ["-m", "AP"]):
+        assert_refused(names, message, tmp_path, qrels=qrels)
+
+
+def test_a_nan_score_is_refused_with_file_and_line(tmp_path):
+    assert_refused(["-m", "map"], "r:2: score 'nan' is not a number trec_eval can order", tmp_path,
+                   run="q1 Q0 d1 1 3 t\nq1 Q0 d2 2 nan t\n")
+
+
+def test_infinite_scores_are_read_and_ordered_as_trec_eval_orders_them(tmp_path):
+    q, r = files(tmp_path, "q1 0 d1 1\nq1 0 d2 0\nq1 0 d3 1\nq1 0 d4 1\n",
+                 "q1 Q0 d1 1 -inf t\nq1 Q0 d2 2 inf t\nq1 Q0 d3 3 -inf t\nq1 Q0 d4 4 -3 t\nq1 Q0 d5 4 -infinity t\n")
+    # trec_eval -q -m relstring -m map -m P.2 q r   (10.0-rc3)
+    want = lines(("map", "q1", 0.5333), ("P_2", "q1", 0.5), ("relstring", "q1", "'01-11'"),
+                 ("map", "all", 0.5333), ("P_2", "all", 0.5))
+    assert run_eval("-q", "-m", "relstring", "-m", "map", "-m", "P.2", q, r) == (0, want, "")
+    # The ir_measures reading orders them the same way: d2, d4, then d5, d3, d1.
+    rc, out, _ = run_eval("-m", "AP", "-m", "P@2", "--digits", "6", q, r)
+    assert (rc, out) == (0, f"AP\tall\t{(1 / 2 + 2 / 4 + 3 / 5) / 3:.6f}\nP@2\tall\t0.500000\n")
