@@ -6,6 +6,7 @@ trec_eval 10.0-rc3 binary, the command in a comment beside them."""
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,48 @@ def test_infinite_scores_are_read_and_ordered_as_trec_eval_orders_them(tmp_path)
     # The ir_measures reading orders them the same way: d2, d4, then d5, d3, d1.
     rc, out, _ = run_eval("-m", "AP", "-m", "P@2", "--digits", "6", q, r)
     assert (rc, out) == (0, f"AP\tall\t{(1 / 2 + 2 / 4 + 3 / 5) / 3:.6f}\nP@2\tall\t0.500000\n")
+
+
+# ---- findings 7 and 8: ir_measures users are not silently changed --------------------
+# The expected ir_measures lines are old main's (85d3de7, before issue 23) on the same files.
+
+@pytest.mark.parametrize("args, want", [
+    (["-m", "Rprec", "-m", "nDCG@10"], "Rprec\tall\t0.2174\nnDCG@10\tall\t0.3016\n"),
+    (["-m", "P", "-m", "AP"], "SetP\tall\t0.0873\nAP\tall\t0.1785\n"),
+    (["-m", "Rprec", "--digits", "6"], "Rprec\tall\t0.217354\n"),
+    (["-m", "P", "--average", "micro"], "SetP\tall\t0.0873\n"),
+    (["--digits", "6"], "nDCG@10\tall\t0.301577\nP@10\tall\t0.300000\nAP\tall\t0.178545\n"
+                        "RR\tall\t0.406433\nR@10\tall\t0.031710\n"),
+    (["--average", "micro"], "nDCG@10\tall\t0.3016\nP@10\tall\t0.3000\nAP\tall\t0.0862\n"
+                             "RR\tall\t0.4064\nR@10\tall\t0.0160\n"),
+])
+def test_names_of_both_kinds_follow_the_rest_of_the_command_line(args, want):
+    assert run_eval(*args, Q, R) == (0, want, "")
+
+
+def test_json_keeps_the_ir_measures_default_and_reading():
+    rc, out, _ = run_eval("--format", "json", Q, R)
+    assert rc == 0 and list(json.loads(out)["all"]) == ["nDCG@10", "P@10", "AP", "RR", "R@10"]
+    rc, out, _ = run_eval("-m", "Rprec", "-m", "P", "--format", "json", Q, R)
+    assert rc == 0 and json.loads(out)["all"] == pytest.approx({"Rprec": 0.217354, "SetP": 0.087333}, abs=1e-6)
+
+
+def test_names_of_both_kinds_are_trec_eval_names_beside_trec_eval_names_or_alone():
+    rc, out, _ = run_eval("-m", "P", "-m", "map", Q, R)
+    assert rc == 0 and [line.split("\t")[0].strip() for line in out.splitlines()] == [
+        "map", "P_5", "P_10", "P_15", "P_20", "P_30", "P_100", "P_200", "P_500", "P_1000"]
+    assert run_eval("-m", "Rprec", Q, R) == (0, lines(("Rprec", "all", 0.2174)), "")  # the drop-in
+    assert run_eval("-m", "Rprec", "-J", Q, R)[1].startswith("Rprec                 \tall\t")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-m", "map", "--digits", "6"], "--digits takes ir_measures names (nDCG@10, AP, ...), not trec_eval's"),
+    (["-m", "map", "--average", "micro"], "--average takes ir_measures names"),
+    (["-m", "P.5", "--format", "json"], "--format json takes ir_measures names"),
+    (["-m", "nDCG@10", "-N", "100"], "-N takes trec_eval names (map, P.10, ...), not ir_measures'"),
+    (["-m", "AP", "-c"], "-c takes trec_eval names"),
+    (["-m", "Rprec", "--digits", "6", "-M", "10"], "--digits takes ir_measures names"),
+    (["-m", "map", "-m", "nDCG@10"], "'nDCG@10' are not trec_eval names"),
+])
+def test_flags_of_the_other_kind_are_refused_in_one_line(tmp_path, args, message):
+    assert_refused(args, message, tmp_path)
