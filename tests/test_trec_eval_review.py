@@ -130,3 +130,29 @@ def test_names_of_both_kinds_are_trec_eval_names_beside_trec_eval_names_or_alone
 ])
 def test_flags_of_the_other_kind_are_refused_in_one_line(tmp_path, args, message):
     assert_refused(args, message, tmp_path)
+
+
+# ---- finding 5: numeric parameters keep their exact value ---------------------------
+
+def test_utility_with_a_real_collection_size_and_set_f_at_a_rounding_boundary(tmp_path):
+    q, r = files(tmp_path, "q 0 a 1\nq 0 b 1\nq 0 c 1\nq 0 d 1\nq 0 e 1\n", "q Q0 a 1 3 t\nq Q0 x 2 2 t\nq Q0 y 3 1 t\n")
+    # trec_eval -N 25205179 -m utility.1,-1,0,1 q r   (10.0-rc3; 6 significant digits gave 25205192.0000)
+    assert run_eval("-N", "25205179", "-m", "utility.1,-1,0,1", q, r) == (
+        0, "utility_1,-1,0,1      \tall\t25205171.0000\n", "")
+    assert run_eval("-N", "1234567", "-m", "utility.1,-1,0,1", q, r)[1].endswith("\t1234559.0000\n")
+    # Queries a and b: one relevant retrieved of 6 and of 8 relevant (set_F_0.5 0.375 and 0.3),
+    # c and d none: the mean 0.16875 sits on a rounding boundary of %6.4f.
+    q, r = files(tmp_path, "".join(f"a 0 r{i} 1\n" for i in range(6)) + "".join(f"b 0 r{i} 1\n" for i in range(8))
+                 + "c 0 r1 1\nd 0 r1 1\n", "a Q0 r1 1 1 t\nb Q0 r1 1 1 t\nc Q0 x 1 1 t\nd Q0 x 1 1 t\n")
+    # trec_eval -m set_F.0.5 q r   (10.0-rc3; β = sqrt(0.5) rounded to 6 digits gave 0.1687)
+    assert run_eval("-m", "set_F.0.5", q, r) == (0, "set_F_0.5             \tall\t0.1688\n", "")
+
+
+def test_ir_measures_parameters_keep_every_digit(tmp_path):
+    q, r = files(tmp_path, "q 0 a 1\nq 0 b 1\nq 0 c 1\nq 0 d 1\nq 0 e 1\n", "q Q0 a 1 3 t\nq Q0 x 2 2 t\nq Q0 y 3 1 t\n")
+    rc, out, _ = run_eval("-m", "Utility(N=25205179)", "-m", "SetF(beta=0.7071067811865476)", "-m", "SetF(beta=1.0)",
+                          "--format", "json", q, r)
+    # SetF with β² = 1/2: 1.5·TP / (0.5·R + n) = 1.5 / 5.5 = 3/11 (to the last bits of β·β).
+    assert rc == 0 and json.loads(out)["all"] == {"Utility(N=25205179)": -1.0,
+                                                  "SetF(beta=0.7071067811865476)": pytest.approx(3 / 11, abs=1e-15),
+                                                  "SetF": 0.25}
