@@ -156,3 +156,33 @@ def test_ir_measures_parameters_keep_every_digit(tmp_path):
     assert rc == 0 and json.loads(out)["all"] == {"Utility(N=25205179)": -1.0,
                                                   "SetF(beta=0.7071067811865476)": pytest.approx(3 / 11, abs=1e-15),
                                                   "SetF": 0.25}
+
+
+# ---- finding 1: a measure named twice with parameters -------------------------------
+
+def test_cut_off_lists_given_twice_are_merged():
+    # trec_eval -m P.5 -m P.10 ... keeps P_5 only; rankmeter gives both (docs/eval.md).
+    rc, out, _ = run_eval("-m", "P.5", "-m", "P.10", "-m", "iprec_at_recall..25", "-m", "iprec_at_recall..5",
+                          "-m", "success.1", "-m", "success_5", Q, R)
+    assert rc == 0 and [line.split()[0] for line in out.splitlines()] == [
+        "iprec_at_recall_0.25", "iprec_at_recall_0.50", "P_5", "P_10", "success_1", "success_5"]
+    # A bare name and a parametrised one: the parameter, as trec_eval (-m P -m P.5 prints P_5 only).
+    assert run_eval("-m", "P", "-m", "P.5", Q, R) == (0, lines(("P_5", "all", 0.2667)), "")
+    # The same parameter twice is one measure: trec_eval -m set_F.0.5 -m set_F.0.5 $Q $R
+    assert run_eval("-m", "set_F.0.5", "-m", "set_F.0.5", Q, R) == (0, lines(("set_F_0.5", "all", 0.1045)), "")
+    # trec_eval -m utility -m utility.2,-1,0,0 $Q $R
+    assert run_eval("-m", "utility", "-m", "utility.2,-1,0,0", Q, R) == (
+        0, lines(("utility_2,-1,0,0", "all", -369.0)), "")
+
+
+@pytest.mark.parametrize("args, first", [
+    (["-m", "set_F.0.5", "-m", "set_F.4"], "set_F.0.5"),
+    (["-m", "utility.2,-1,0,0", "-m", "utility.1,-1,0,0"], "utility.2,-1,0,0"),
+    (["-m", "relstring.5", "-m", "relstring.20"], "relstring.5"),
+    (["-m", "rbp.p=0.5", "-m", "rbp.p=0.8"], "rbp.p=0.5"),
+    (["-m", "11pt_avg..25", "-m", "11pt_avg..5"], "11pt_avg..25"),
+    (["-m", "rbp_resid.p=0.5", "-m", "rbp_resid.p=0.8"], "rbp_resid.p=0.5"),
+])
+def test_a_second_different_parameter_of_a_single_valued_measure_is_refused(tmp_path, args, first):
+    name = first.split(".")[0]
+    assert_refused(args, f"{name} is asked for as {first} already (one parameter per measure", tmp_path)

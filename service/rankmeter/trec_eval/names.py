@@ -5,7 +5,9 @@ sorted, printed `P_5`, `P_10`), `iprec_at_recall.0.25` (printed `_%3.2f`),
 `utility.2,-1,0,0` (printed `utility_2,-1,0,0`), nicknames `official`, `all_trec` and
 `set` (measures.c). `P_5`-style names are accepted too. Columns come out in trec_eval's
 order (its measure table), whatever the order on the command line. Where one name is
-given twice with different cut-offs, trec_eval keeps only the first; here they are merged.
+given twice with different parameters, trec_eval keeps only the first; here the cut-off
+lists (CUT_OFF_LISTS) are merged and a second, different parameter of another measure
+is refused.
 """
 
 from __future__ import annotations
@@ -205,6 +207,11 @@ NICKNAMES = {"official": OFFICIAL, "all_trec": ALL_TREC,
                      "set_relative_P", "set_map", "set_F"]}
 
 
+# Measures whose parameter is a list of cut-offs: a name given twice asks for both lists.
+CUT_OFF_LISTS = {"P", "recall", "ndcg_cut", "map_cut", "relative_P", "success", "iprec_at_recall", "Rprec_mult",
+                 "unj"}
+
+
 def split(arg: str) -> tuple[str, str | None]:
     """`P.5,10` -> ("P", "5,10"); `P_5` -> ("P", "5"); `map` -> ("map", None)."""
     name, dot, param = arg.partition(".")
@@ -245,7 +252,10 @@ def columns(args: Iterable[str], opt: Options, skip_missing: bool = False) -> tu
                 raise ValueError(f"illegal measure {arg!r}")
             elif each not in wanted or wanted[each] is None:
                 wanted[each] = param if each == name else wanted.get(each)
-            elif param is not None and each == name:
+            elif param is not None and each == name and param != wanted[each]:
+                if each not in CUT_OFF_LISTS:  # a merged `0.5,4` would be nonsense; trec_eval keeps the first
+                    raise ValueError(f"illegal measure {arg!r}: {each} is asked for as {each}.{wanted[each]} "
+                                     f"already (one parameter per measure; trec_eval keeps the first)")
                 wanted[each] = f"{wanted[each]},{param}"  # trec_eval keeps the first only
     out: list[Column] = []
     for name, build in TABLE.items():
