@@ -186,3 +186,18 @@ def test_cut_off_lists_given_twice_are_merged():
 def test_a_second_different_parameter_of_a_single_valued_measure_is_refused(tmp_path, args, first):
     name = first.split(".")[0]
     assert_refused(args, f"{name} is asked for as {first} already (one parameter per measure", tmp_path)
+
+
+# ---- finding 4: rbp's gain parameters -----------------------------------------------
+
+@pytest.mark.parametrize("measure", ["rbp.1=3", "rbp.p=0.8,1=0.5", "rbp_resid.2=1", "rbp.-1=2"])
+def test_rbp_gain_parameters_are_refused_not_ignored(tmp_path, measure):
+    name = measure.split(".")[0]
+    assert_refused(["-m", measure], f"illegal measure '{name}': gain parameters (", tmp_path)
+    assert_refused(["-m", measure], ") are not implemented", tmp_path)
+
+
+def test_rbp_persistence_is_read():
+    # trec_eval -m rbp.p=0.5 -m rbp_resid.p=0.8 $Q $R   (10.0-rc3)
+    rc, out, _ = run_eval("-m", "rbp.p=0.5", "-m", "rbp_resid.p=0.8", Q, R)
+    assert (rc, out) == (0, lines(("rbp_p=0.5", "all", 0.2966), ("rbp_resid_p=0.8", "all", 0.0068)))

@@ -137,9 +137,12 @@ def persistence(name: str, ours: str) -> Builder:
         for pair in (param or "").split(",") if param else []:
             key, _, value = pair.partition("=")
             if key == "p":
-                p = str(_number(value))
+                p = repr(_number(value))
             elif not value:
                 raise ValueError(f"malformed pair parameters in {param!r}")
+            elif key.lstrip("+-").isdigit():  # gain_init.c's valid_int: a relevance level's gain
+                raise ValueError(f"gain parameters ({pair}) are not implemented")
+            # Any other name is ignored, as trec_eval ignores it.
         return [Column(_label(name, param), parse(f"{ours}(p={p})"))]
     return build
 
