@@ -201,3 +201,13 @@ def test_rbp_persistence_is_read():
     # trec_eval -m rbp.p=0.5 -m rbp_resid.p=0.8 $Q $R   (10.0-rc3)
     rc, out, _ = run_eval("-m", "rbp.p=0.5", "-m", "rbp_resid.p=0.8", Q, R)
     assert (rc, out) == (0, lines(("rbp_p=0.5", "all", 0.2966), ("rbp_resid_p=0.8", "all", 0.0068)))
+
+
+# ---- findings 2 and 3: -M ------------------------------------------------------------
+
+def test_a_negative_max_retrieved_is_refused(tmp_path):
+    assert_refused(["-M", "-1", "-m", "map"], "-M -1: the number of documents must be 0 or more", tmp_path)
+    q, r = files(tmp_path, "q1 0 d1 1\n", "q1 Q0 d1 1 3 t\n")
+    # trec_eval -M 0 -m num_ret -m map q r   (10.0-rc3; -M -1 segfaults there)
+    assert run_eval("-M", "0", "-m", "num_ret", "-m", "map", q, r) == (
+        0, lines(("num_ret", "all", 0), ("map", "all", 0.0)), "")
