@@ -63,7 +63,7 @@ def _double_cuts(param: str | None, default: tuple[float, ...], check: Callable[
 
 
 def _recall_point(text: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:  # trec_eval prints 0 beyond 1 and reads before its array below 0
+    if not 0.0 <= value <= 1.0:  # trec_eval prints 0 above 1, and below 0 the value at 0
         raise ValueError(f"recall point {text} is not in 0..1")
 
 
@@ -140,7 +140,7 @@ def persistence(name: str, ours: str) -> Builder:
                 p = repr(_number(value))
             elif not value:
                 raise ValueError(f"malformed pair parameters in {param!r}")
-            elif key.lstrip("+-").isdigit():  # gain_init.c's valid_int: a relevance level's gain
+            elif key.lstrip("+-").isascii() and key.lstrip("+-").isdigit():  # gain_init.c's valid_int: a relevance level's gain
                 raise ValueError(f"gain parameters ({pair}) are not implemented")
             # Any other name is ignored, as trec_eval ignores it.
         return [Column(_label(name, param), parse(f"{ours}(p={p})"))]
