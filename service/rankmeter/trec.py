@@ -7,6 +7,8 @@ Read as trec_eval 10 reads them (its get_qrels.c and get_trec_results.c):
 - runs: blank lines and lines whose first field starts with `#` are skipped; a line has
   at least 6 fields, and anything after the 6th (the tag) is ignored. The run id is the
   tag of the last line, as trec_eval prints it for `runid`.
+- numbers: a score may be `inf` or `-inf` (a log-probability of 0), ordered as trec_eval's
+  atof and comparisons order it; a NaN score (no order) and a non-finite grade are errors.
 - `-` as the run's path is standard input.
 Problems are raised as `InputError` naming the file and line, for a one-line message.
 """
@@ -63,7 +65,7 @@ class Table(dict):
 
 
 def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, repeated: str,
-          comment_anywhere: bool) -> Table:
+          comment_anywhere: bool) -> Table:  # comment_anywhere: a run (infinite values allowed)
     """{qid: {docid: value}} from whitespace-separated lines: exactly `columns`' fields
     when `comment_anywhere` is false (qrels, `#` comments in the first column only), at
     least as many otherwise (runs, `#` after leading blanks too, trailing fields ignored).
@@ -81,9 +83,12 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
         except ValueError:
             parsed = {}
         known = table.get(qid)
-        if (len(parsed) != len(docs) or not math.isfinite(math.fsum(parsed.values()))
+        # all(map(...)) rather than one fsum: fsum raises on inf + -inf.
+        usable = not any(map(math.isnan, parsed.values())) if comment_anywhere else \
+            all(map(math.isfinite, parsed.values()))
+        if (len(parsed) != len(docs) or not usable
                 or (known is not None and not known.keys().isdisjoint(parsed))):
-            _locate(path, lines, first, qid, known or {}, doc_field, value_field, what, repeated)
+            _locate(path, lines, first, qid, known or {}, doc_field, value_field, what, repeated, comment_anywhere)
         if known is None:
             table[qid] = parsed
         else:  # the query's lines were not consecutive
@@ -118,7 +123,7 @@ def _comment(line: str, fields: list[str], anywhere: bool) -> bool:
 
 
 def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, float],
-            doc_field: int, value_field: int, what: str, repeated: str) -> None:
+            doc_field: int, value_field: int, what: str, repeated: str, infinite_ok: bool) -> None:
     """Find and raise the first problem in one query's block of lines starting at `first`."""
     seen = set(known)
     for index in range(first, len(lines)):
@@ -132,7 +137,9 @@ def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, 
             value = float(field)
         except ValueError:
             raise InputError(path, index + 1, f"{what} {field!r} is not a number") from None
-        if not math.isfinite(value):
+        if math.isnan(value) and infinite_ok:
+            raise InputError(path, index + 1, f"{what} {field!r} is not a number trec_eval can order")
+        if not math.isfinite(value) and not infinite_ok:
             raise InputError(path, index + 1, f"{what} {field!r} is not a finite number")
         if doc in seen:
             raise InputError(path, index + 1, f"document {doc!r} {repeated} for query {qid!r}")

@@ -15,6 +15,7 @@ Names: `P@10`, `R@10`, `AP`, `AP@10`, `nDCG`, `nDCG@10`, `nDCG(dcg=exp-log2)@10`
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -338,20 +339,32 @@ def _parse_params(name: str, fam: Family, raw: str | None) -> tuple[tuple[str, s
         try:
             if float(given["beta"]) <= 0:
                 raise ValueError
+            given["beta"] = _exact(given["beta"])
         except ValueError:
             raise ValueError(f"measure {name!r}: beta must be a positive number") from None
-        given["beta"] = f"{float(given['beta']):g}"
     if "dcg" in given and given["dcg"] not in ("log2", "exp-log2"):
         raise ValueError(f"measure {name!r}: dcg must be log2 or exp-log2")
     if "rounding" in given and given["rounding"] not in ("legacy", "lround"):
         raise ValueError(f"measure {name!r}: rounding must be legacy or lround")
     for key in set(given) & NUMERIC_PARAMS:
         try:
-            given[key] = f"{float(given[key]):g}"
+            given[key] = _exact(given[key])
         except ValueError:
-            raise ValueError(f"measure {name!r}: {key} must be a number") from None
+            raise ValueError(f"measure {name!r}: {key} must be a finite number") from None
     # Defaults are left out so `SetF(beta=1)` and `SetF` are one measure.
     return tuple(sorted((k, v) for k, v in given.items() if v != fam.params[k]))
+
+
+def _exact(text: str) -> str:
+    """A number's canonical text, its value kept exactly (GOV2's N = 25205179 must not
+    become 2.52052e+07): a whole number as one, else `:g`'s short form when it is exact,
+    else every digit (repr)."""
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(text)
+    if x.is_integer() and abs(x) < 2 ** 53:
+        return str(int(x))
+    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
 
 
 def parse_all(names: Iterable[str]) -> list[Measure]:

@@ -5,7 +5,9 @@ sorted, printed `P_5`, `P_10`), `iprec_at_recall.0.25` (printed `_%3.2f`),
 `utility.2,-1,0,0` (printed `utility_2,-1,0,0`), nicknames `official`, `all_trec` and
 `set` (measures.c). `P_5`-style names are accepted too. Columns come out in trec_eval's
 order (its measure table), whatever the order on the command line. Where one name is
-given twice with different cut-offs, trec_eval keeps only the first; here they are merged.
+given twice with different parameters, trec_eval keeps only the first; here the cut-off
+lists (CUT_OFF_LISTS) are merged and a second, different parameter of another measure
+is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Column(NamedTuple):
     summary: str = "mean"
     per_query: bool = True
     points: tuple[float, ...] = ()  # 11pt_avg: the recall points averaged
+    beta2: float | None = None      # set_F: its parameter, β²
 
 
 class Options(NamedTuple):
@@ -42,23 +45,46 @@ Builder = Callable[[str | None, Options], list[Column]]
 def _long_cuts(param: str | None, default: tuple[int, ...]) -> list[int]:
     if param is None:
         return list(default)
-    cuts = sorted({int(_number(x)) for x in param.split(",")})  # 23.4 is 23, as trec_eval's atol
+    cuts = sorted({int(_number(x, "cut-off ")) for x in param.split(",")})  # 23.4 is 23, as trec_eval's atol
     if cuts[0] <= 0:
         raise ValueError("cut-offs must be positive")
     return cuts
 
 
-def _double_cuts(param: str | None, default: tuple[float, ...]) -> list[float]:
+def _double_cuts(param: str | None, default: tuple[float, ...], check: Callable[[str, float], None]) -> list[float]:
     if param is None:
         return list(default)
-    return sorted({_number(x) for x in param.split(",")})
+    cuts = {}
+    for text in param.split(","):
+        cuts.setdefault(_number(text), text)
+    for value, text in cuts.items():
+        check(text, value)
+    return sorted(cuts)
 
 
-def _number(text: str) -> float:
+def _recall_point(text: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:  # trec_eval prints 0 above 1, and below 0 the value at 0
+        raise ValueError(f"recall point {text} is not in 0..1")
+
+
+def _multiple(text: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"multiple {text} of R must be positive")
+
+
+def cutoff_text(value: float) -> str:
+    """A cut-off as the engine's names write it (no exponent), to 17 decimals."""
+    return f"{value:.17f}".rstrip("0").rstrip(".")
+
+
+def _number(text: str, what: str = "") -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
+        raise ValueError(f"{what}{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}{text!r} is not a finite number")
+    return value
 
 
 def single(name: str, ours: str, kind: str = "double", summary: str = "mean", per_query: bool = True) -> Builder:
@@ -72,8 +98,10 @@ def single(name: str, ours: str, kind: str = "double", summary: str = "mean", pe
 def cut(name: str, ours: str, default: tuple, is_float: bool = False) -> Builder:
     def build(param: str | None, opt: Options) -> list[Column]:
         if is_float:
-            rounding = "(rounding=lround)" if "IPrec" in ours and opt.rounding == "lround" else ""
-            return [Column(f"{name}_{c:3.2f}", parse(f"{ours}{rounding}@{c}")) for c in _double_cuts(param, default)]
+            iprec = ours == "IPrec"
+            rounding = "(rounding=lround)" if iprec and opt.rounding == "lround" else ""
+            points = _double_cuts(param, default, _recall_point if iprec else _multiple)
+            return [Column(f"{name}_{c:3.2f}", parse(f"{ours}{rounding}@{cutoff_text(c)}")) for c in points]
         return [Column(f"{name}_{c}", parse(f"{ours}@{c}")) for c in _long_cuts(param, default)]
     return build
 
@@ -83,7 +111,7 @@ def _label(name: str, param: str | None) -> str:
 
 
 def eleven_point(param: str | None, opt: Options) -> list[Column]:
-    points = tuple(_double_cuts(param, RECALL_POINTS))
+    points = tuple(_double_cuts(param, RECALL_POINTS, _recall_point))
     return [Column(_label("11pt_avg", param), None, points=points)]
 
 
@@ -96,8 +124,11 @@ def utility(param: str | None, opt: Options) -> list[Column]:
 
 
 def set_f(param: str | None, opt: Options) -> list[Column]:
-    beta2 = 1.0 if param is None else _number(param)  # trec_eval's parameter is β²
-    return [Column(_label("set_F", param), parse(f"SetF(beta={math.sqrt(beta2)})"))]
+    """trec_eval's parameter is β² itself: computed from it in report.py, in m_set_F.c's order."""
+    beta2 = 1.0 if param is None else _number(param)
+    if beta2 < 0:
+        raise ValueError(f"its parameter (β²) {param} must be 0 or more")
+    return [Column(_label("set_F", param), None, beta2=beta2)]
 
 
 def persistence(name: str, ours: str) -> Builder:
@@ -106,9 +137,12 @@ def persistence(name: str, ours: str) -> Builder:
         for pair in (param or "").split(",") if param else []:
             key, _, value = pair.partition("=")
             if key == "p":
-                p = str(_number(value))
+                p = repr(_number(value))
             elif not value:
                 raise ValueError(f"malformed pair parameters in {param!r}")
+            elif key.lstrip("+-").isascii() and key.lstrip("+-").isdigit():  # gain_init.c's valid_int: a relevance level's gain
+                raise ValueError(f"gain parameters ({pair}) are not implemented")
+            # Any other name is ignored, as trec_eval ignores it.
         return [Column(_label(name, param), parse(f"{ours}(p={p})"))]
     return build
 
@@ -176,12 +210,17 @@ NICKNAMES = {"official": OFFICIAL, "all_trec": ALL_TREC,
                      "set_relative_P", "set_map", "set_F"]}
 
 
+# Measures whose parameter is a list of cut-offs: a name given twice asks for both lists.
+CUT_OFF_LISTS = {"P", "recall", "ndcg_cut", "map_cut", "relative_P", "success", "iprec_at_recall", "Rprec_mult",
+                 "unj"}
+
+
 def split(arg: str) -> tuple[str, str | None]:
     """`P.5,10` -> ("P", "5,10"); `P_5` -> ("P", "5"); `map` -> ("map", None)."""
     name, dot, param = arg.partition(".")
     if dot:
         if not param:
-            raise ValueError(f"improper measure in parameter {arg!r}")
+            raise ValueError(f"illegal measure {arg!r}: no parameter after the '.'")
         return name, param
     if name in TABLE or name in NICKNAMES or name in MISSING:
         return name, None
@@ -192,7 +231,9 @@ def split(arg: str) -> tuple[str, str | None]:
 
 
 def is_trec_name(arg: str) -> bool:
-    name, _ = split(arg)
+    name, dot, _ = arg.partition(".")
+    if not dot:
+        name, _ = split(arg)
     return name in TABLE or name in NICKNAMES or name in MISSING
 
 
@@ -214,7 +255,10 @@ def columns(args: Iterable[str], opt: Options, skip_missing: bool = False) -> tu
                 raise ValueError(f"illegal measure {arg!r}")
             elif each not in wanted or wanted[each] is None:
                 wanted[each] = param if each == name else wanted.get(each)
-            elif param is not None and each == name:
+            elif param is not None and each == name and param != wanted[each]:
+                if each not in CUT_OFF_LISTS:  # a merged `0.5,4` would be nonsense; trec_eval keeps the first
+                    raise ValueError(f"illegal measure {arg!r}: {each} is asked for as {each}.{wanted[each]} "
+                                     f"already (one parameter per measure; trec_eval keeps the first)")
                 wanted[each] = f"{wanted[each]},{param}"  # trec_eval keeps the first only
     out: list[Column] = []
     for name, build in TABLE.items():

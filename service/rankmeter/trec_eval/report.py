@@ -19,7 +19,7 @@ from typing import NamedTuple, TextIO
 
 from rankmeter.engine import Measure, parse, stack_scored
 from rankmeter.trec import InputError, rank, read_qrels, read_run
-from rankmeter.trec_eval.names import Column
+from rankmeter.trec_eval.names import Column, cutoff_text
 
 MIN_GEO_MEAN = 0.00001  # trec_eval.h
 
@@ -80,8 +80,10 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
     for col in cols:
         if col.points:  # 11pt_avg: summed from the highest recall point down, as m_11pt_avg.c
             rounding = "(rounding=lround)" if flags.rounding == "lround" else ""
-            rows = [per_query(parse(f"IPrec{rounding}@{p}")) for p in sorted(col.points, reverse=True)]
+            rows = [per_query(parse(f"IPrec{rounding}@{cutoff_text(p)}")) for p in sorted(col.points, reverse=True)]
             table.append((col, [_sum(r) / len(rows) for r in zip(*rows)]))
+        elif col.beta2 is not None:
+            table.append((col, _set_f(col.beta2, *(per_query(parse(m)) for m in ("NumRelRet", "NumRet", "NumRel")))))
         elif col.label.startswith("relstring"):
             n = int(col.kind)
             table.append((col, [_relstring(batch.grades[i, :min(n, batch.length[i])],
@@ -101,6 +103,15 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
         lines.extend(_line(col, "all", _summary(col, vals, qids, qrels, run.last_tag, flags)) for col, vals in table
                      if col.summary != "none")
     out.write("".join(lines))
+
+
+def _set_f(x: float, rel_ret: list[float], ret: list[float], rel: list[float]) -> list[float]:
+    """m_set_F.c: (x + 1)·P·R / (x·P + R) with x = β², in its order (0 with no relevant retrieved)."""
+    out = []
+    for hits, n, r in zip(rel_ret, ret, rel):
+        p, recall = (hits / n, hits / r) if hits else (0.0, 1.0)
+        out.append((x + 1.0) * p * recall / (x * p + recall))
+    return out
 
 
 def _sum(values) -> float:
