@@ -88,7 +88,8 @@ def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping
     cells = np.arange(width) < length[:, None]
     docs = list(chain.from_iterable(scores))
     order_of = dict(zip(sorted(set(docs)), count()))
-    # Padding sorts last: its negated score is +inf, and scores are finite.
+    # Padding sorts last: its negated score is +inf; a document scored -inf ties with it and
+    # stays ahead because lexsort is stable and a row's documents come before its padding.
     neg_score = np.full((q, width), np.inf)
     neg_score[cells] = np.fromiter(chain.from_iterable(s.values() for s in scores), float, n)
     np.negative(neg_score, out=neg_score, where=cells)
