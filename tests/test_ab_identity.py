@@ -266,6 +266,8 @@ def test_a_tau2_per_metric_is_fixed_only_once_the_first_queries_have_their_click
     feed(pipeline, bus, events)
     early = pipeline.ab_look()
     assert min(a.queries for a in early.arms) >= settings.ab.min_queries and early.comparisons == []
+    assert early.notes == ("no statistics before 2027-01-15T09:00:00Z: a metric's mixture variance is fixed once "
+                           "the phase's first queries have their clicks (ab.mixture_after)",)
     kept = store.load_running(f"{early.experiment}|alpha=0.05|tau2=scale=0.001")
     assert list(kept) == ["srm\x1f"]  # the sample-ratio test runs; no comparison's τ² is fixed
     later = Pipeline(settings, store, lambda r, why: None, lambda: START_MS / 1000 + 70 * 60)

@@ -70,6 +70,13 @@ def test_non_finite_grades_are_refused_with_file_and_line(tmp_path, qrels, messa
         assert_refused(names, message, tmp_path, qrels=qrels)
 
 
+def test_an_indented_hash_line_in_qrels_is_data_and_its_problem_is_named(tmp_path):
+    # (review finding 10: the reader reads it as data, as trec_eval does; the error locator
+    # skipped it as a comment, so nothing was said and the query '#' was evaluated)
+    assert_refused(["-m", "map"], "q:2: grade 'z' is not a number", tmp_path,
+                   qrels="q1 0 d1 1\n  # x y z\nq1 0 d2 1\n")
+
+
 def test_a_nan_score_is_refused_with_file_and_line(tmp_path):
     assert_refused(["-m", "map"], "r:2: score 'nan' is not a number trec_eval can order", tmp_path,
                    run="q1 Q0 d1 1 3 t\nq1 Q0 d2 2 nan t\n")

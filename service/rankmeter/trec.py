@@ -123,12 +123,14 @@ def _comment(line: str, fields: list[str], anywhere: bool) -> bool:
 
 
 def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, float],
-            doc_field: int, value_field: int, what: str, repeated: str, infinite_ok: bool) -> None:
-    """Find and raise the first problem in one query's block of lines starting at `first`."""
+            doc_field: int, value_field: int, what: str, repeated: str, run: bool) -> None:
+    """Find and raise the first problem in one query's block of lines starting at `first`
+    (`run`: a run's lines, where a `#` field starts a comment anywhere and ±inf scores are
+    read; in qrels only a line starting with `#` is one, as the reader skips them)."""
     seen = set(known)
     for index in range(first, len(lines)):
         fields = lines[index].split()
-        if not fields or fields[0][0] == "#":
+        if not fields or _comment(lines[index], fields, run):
             continue
         if fields[0] != qid:
             break
@@ -137,9 +139,9 @@ def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, 
             value = float(field)
         except ValueError:
             raise InputError(path, index + 1, f"{what} {field!r} is not a number") from None
-        if math.isnan(value) and infinite_ok:
+        if math.isnan(value) and run:
             raise InputError(path, index + 1, f"{what} {field!r} is not a number trec_eval can order")
-        if not math.isfinite(value) and not infinite_ok:
+        if not math.isfinite(value) and not run:
             raise InputError(path, index + 1, f"{what} {field!r} is not a finite number")
         if doc in seen:
             raise InputError(path, index + 1, f"document {doc!r} {repeated} for query {qid!r}")

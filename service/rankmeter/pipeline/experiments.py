@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -63,6 +64,12 @@ def mixture_after_ms(settings: Settings) -> int:
     if settings.ab.mixture_after:
         return duration_ms(settings.ab.mixture_after)
     return 2 * (duration_ms(w.attribution) + duration_ms(w.grace))
+
+
+def waiting_note(tested_from_ms: int) -> str:
+    when = datetime.fromtimestamp(tested_from_ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (f"no statistics before {when}: a metric's mixture variance is fixed once the phase's first "
+            f"queries have their clicks (ab.mixture_after)")
 
 
 def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> str:
@@ -249,9 +256,10 @@ class Experiments:
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
         running = self._running(state)
-        settled = self.clock() * 1000 >= phase.phase.since_ms + mixture_after_ms(self.settings)
+        tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
+        settled = self.clock() * 1000 >= tested_from
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled)
-        notes = phase.notes(names)
+        notes = phase.notes(names) + (() if settled or a.mixture_variance else (waiting_note(tested_from),))
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit)
         if notes != self._notes:
