@@ -270,10 +270,22 @@ def test_a_tau2_per_metric_is_fixed_only_once_the_first_queries_have_their_click
                            "the phase's first queries have their clicks (ab.mixture_after)",)
     kept = store.load_running(f"{early.experiment}|alpha=0.05|tau2=scale=0.001")
     assert list(kept) == ["srm\x1f"]  # the sample-ratio test runs; no comparison's τ² is fixed
-    later = Pipeline(settings, store, lambda r, why: None, lambda: START_MS / 1000 + 70 * 60)
-    later.assign(store.partitions())
+    # 70 minutes on, by the clock; but what has been read ends 10 minutes in (a consumer
+    # behind): still waiting. Once every partition has read impressions and clicks past
+    # it, the τ² are fixed; `rankmeter report` (a read-only look) fixes none of its own.
+    later_s = START_MS / 1000 + 71 * 60
+    later = Pipeline(settings, store, lambda r, why: None, lambda: later_s)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], later.assign, later.revoke)
+    assert later.ab_look().comparisons == []
+    assert reader(settings, store).ab_look(save=False).comparisons == []
+    t = int(later_s * 1000) - 1000
+    feed(later, bus, [e for q in range(40) for e in (
+        ("impressions", f"late{q}", {"query_id": f"late{q}", "ranker": ("base", "new")[q % 2], "timestamp": t,
+                                     "results": ["d1", "d2"]}),
+        ("feedback", f"late{q}", {"query_id": f"late{q}", "action": "click", "doc_id": "d1", "timestamp": t + 500}))])
     look = later.ab_look()
     assert look.comparisons and all(c.tau2 > 0 for c in look.comparisons)
+    assert {c.tau2 for c in reader(settings, store).ab_look(save=False).comparisons} == {c.tau2 for c in look.comparisons}
     # A configured τ² is no estimate: it is tested from the first look.
     configured = settings_with(RANKMETER_AB_MIXTURE_AFTER="", RANKMETER_AB_MIXTURE_VARIANCE="1e-4")
     assert {c.tau2 for c in reader(configured, store).ab_look(save=False).comparisons} == {1e-4}

@@ -61,7 +61,8 @@ def table(look: Look, alpha: float, average: str = "macro") -> str:
         lines.append(f"{c.ranker:<18}{c.segment or '-':<10}{c.metric:<16}{c.estimate.delta:>+10.4f}"
                      f"{c.estimate.relative:>+10.1%}{cs:>26}{c.running.p_value:>10.4g}  {verdict(c, look, alpha)}")
     if not look.comparisons:
-        lines.append("(no statistics yet: each arm needs ab.min_queries queries)")
+        lines.append("(no statistics yet: each arm needs ab.min_queries queries, 30 users by user, and a "
+                     "metric's mixture variance is fixed ab.mixture_after past the phase's start)")
     return "\n".join(lines)
 
 
