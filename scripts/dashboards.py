@@ -175,7 +175,8 @@ def ab() -> dict:
         "Every impression of each arm counts from the moment the experiment started; the statistics are "
         "**cumulative** and **always valid** (mSPRT, α = 0.05): the p-value and the confidence sequence stay "
         "correct however often you look, so watching this board continuously and stopping as soon as it is "
-        "decided is fine. They appear once each arm has `ab.min_queries` queries.\n\n"
+        "decided is fine. They appear once each arm has `ab.min_queries` queries and "
+        "`ab.mixture_after` (70 min by default) has passed since the phase began.\n\n"
         "1. **Sample ratio first.** While the SRM p-value is below α (red), the arms are not the split you "
         "configured: the experiment is **invalid**, whatever the other panels say.\n"
         "2. **Δ = treatment − baseline**, with its 95% confidence sequence (dashed). Entirely above 0: the "
@@ -209,7 +210,7 @@ def ab() -> dict:
             panel("Queries per arm since the experiment started",
                   [(ab_series("ab_queries", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 8, 9, 8, 7,
                   unit="short", description="Cumulative, from the experiment's start: the arm sizes behind every "
-                                            "statistic (none is shown before each arm has ab.min_queries)."),
+                                            "statistic (none is shown before each arm has ab.min_queries, nor before ab.mixture_after)."),
             panel("Judged share per arm",
                   [(ab_series("ab_judged_share", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 16, 9, 8, 7,
                   unit="percentunit", description="Share of each arm's queries with a relevant document known. "
