@@ -101,12 +101,13 @@ def test_a_stored_bucket_or_start_that_is_not_the_canonical_decimal_is_unreadabl
 def test_a_slow_look_is_spaced_so_looks_take_a_tenth_of_the_consuming_thread(caplog):
     # With ab.unit: user a look reads 128 fields per arm, segment and partition: at scale it
     # takes seconds, on the thread that consumes.
-    from rankmeter.serve import AB_INTERVAL_S, _next_look_interval
+    from rankmeter.serve import AB_INTERVAL_S, AB_MAX_INTERVAL_S, _next_look_interval
     assert _next_look_interval(0.01, AB_INTERVAL_S) == AB_INTERVAL_S
     assert _next_look_interval(2.0, AB_INTERVAL_S) == pytest.approx(20.0)
     assert [r.getMessage() for r in caplog.records] == ["the experiment's look is slow: looking less often"]
     assert _next_look_interval(2.1, 20.0) == pytest.approx(21.0)  # no new line for a small change
     assert _next_look_interval(0.1, 21.0) == AB_INTERVAL_S and len(caplog.records) == 1
+    assert _next_look_interval(30.0, AB_INTERVAL_S) == AB_MAX_INTERVAL_S  # a look a minute at least
 
 
 def test_a_look_by_user_equals_statsmodels_cluster_robust_variance_over_the_buckets():

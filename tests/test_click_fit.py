@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rankmeter.debias.clickmodels import FitLayout, ReactionProbe, placements, slot, slots
-from rankmeter.debias.fit import CALIBRATION, MAX_BELOW_CLICKS, Look, from_fields, initial, judge, to_fields
+from rankmeter.debias.fit import CALIBRATION, Look, from_fields, initial, judge, to_fields
 from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables, decide, split, upgrade, vector_size
 from rankmeter.simulator.clicks import cascade, pbm
@@ -173,13 +173,14 @@ def test_a_ranker_demoting_clicked_results_withdraws_the_series_too():
     assert tables.look.reason == "click_reactive_ranker"
 
 
-def test_bots_clicking_every_result_make_the_propensities_implausible():
+def test_bots_clicking_every_result_show_in_the_logged_checks():
+    # Not a reason to withdraw (yet): a bound on below_clicks would also withdraw valid
+    # traffic mixing shallow and deep examination (1.7-4.3 computed, review of issue 22);
+    # the value is in the look's checks, logged.
     def with_bots(attract, rng):  # 5% of the queries: every result clicked
         return list(range(len(attract))) if rng.random() < 0.05 else pbm(attract, rng)
-    look = fed(with_bots).look
-    assert look.checks["below_clicks"] > MAX_BELOW_CLICKS[0] and look.reason == "implausible_propensities", look.checks
-    clean = fed(lambda a, rng: pbm(a, rng)).look
-    assert clean.checks["below_clicks"] < MAX_BELOW_CLICKS[1] and clean.valid, clean.checks
+    bots, clean = fed(with_bots).look, fed(lambda a, rng: pbm(a, rng)).look
+    assert bots.checks["below_clicks"] > 2.0 and clean.checks["below_clicks"] < 1.2, (bots.checks, clean.checks)
 
 
 def test_each_check_withdraws_on_its_own():

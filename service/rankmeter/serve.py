@@ -23,7 +23,8 @@ log = logging.getLogger("rankmeter.serve")
 LAG_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
 AB_INTERVAL_S = 5.0               # how often the experiment's statistics are looked at, at most ...
-AB_LOOK_SHARE = 0.1               # ... and no more of the consuming thread's time than this
+AB_LOOK_SHARE = 0.1               # ... and no more of the consuming thread's time than this,
+AB_MAX_INTERVAL_S = 60.0          # ... but at least this often
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
 DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
 
@@ -159,8 +160,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     reload[0] = True
             if now - last_ab >= ab_interval:
                 last_ab = now
-                _look_at_experiment(pipeline, store.unavailable)
-                ab_interval = _next_look_interval(time.monotonic() - now, ab_interval)
+                began = time.monotonic()
+                if _look_at_experiment(pipeline, store.unavailable):  # (a failed one says nothing of its cost)
+                    ab_interval = _next_look_interval(time.monotonic() - began, ab_interval)
             if now - last_progress >= PROGRESS_INTERVAL_S:
                 log.info("progress", extra={"records": consumed, "per_second": round(consumed / (now - last_progress)),
                                             "lag": lag.total(), "open_queries": pipeline.open_queries()})
@@ -279,26 +281,28 @@ def _next_look_interval(took_s: float, interval_s: float) -> float:
     segment each): at many partitions, rankers and segments it takes seconds, on the
     consuming thread. Spaced so that looks take at most AB_LOOK_SHARE of it; logged when
     the interval grows by half or more."""
-    wanted = max(AB_INTERVAL_S, took_s / AB_LOOK_SHARE)
+    wanted = min(AB_MAX_INTERVAL_S, max(AB_INTERVAL_S, took_s / AB_LOOK_SHARE))
     if wanted > AB_INTERVAL_S and wanted > 1.5 * interval_s:
         log.warning("the experiment's look is slow: looking less often", extra={
             "look_seconds": round(took_s, 3), "interval_seconds": round(wanted, 1)})
     return wanted
 
 
-def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> None:
+def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], ...]) -> bool:
     """The experiment's statistics are global (every partition's sums): the replica that
-    holds partition 0 computes and exports them, the others export none."""
+    holds partition 0 computes and exports them, the others export none. False when the
+    store failed it."""
     try:
         # Every replica weighs the debiased measures with the same propensities: partition
         # 0's holder estimates them, the others read its estimate.
         pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions)
         if 0 not in pipeline.partitions:
             pipeline.experiments.forget()
-            return
+            return True
         pipeline.ab_look()
     except unavailable:
-        pass  # the next batch meets the store's failure and recovers
+        return False  # the next batch meets the store's failure and recovers
+    return True
 
 
 def _watch_source(source: Source, health: Health) -> None:

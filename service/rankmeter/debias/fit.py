@@ -17,10 +17,7 @@ withdrawn and `rankmeter_debias_valid{reason}` says why (1 for the current reaso
   (the curve must not rise), each beyond the noise of its support (`_excess`); with ubm
   chosen, also a ubm slot above `MAX_UBM_RATIO` (looser: its slots are thinner, and those
   without a click above needn't fall with rank, cascade and dcm users examine every rank
-  until they click); or ubm's examination below a click above `MAX_BELOW_CLICKS` times the
-  same rank's with none above (`below_clicks`, judged from `MIN_BELOW_SUPPORT` pairs; position-based users
-  1.0-1.3): clicks that do not follow examination, such as bots clicking every result (5%
-  of the queries: 2.5), which flatten the curve.
+  until they click).
   A stored sum that is not a finite number makes every estimate implausible.
 - `poor_fit`: the chosen model, on the held-out queries, predicts the clicks below a
   click, or with no click above, off by more than `CALIBRATION` (observed / expected).
@@ -72,11 +69,6 @@ MAX_RISE = (0.15, 0.08)
 CALIBRATION = ((0.6, 1.6), (0.75, 1.33))
 REACTION = (0.5, 0.25)      # ranks gained after a click
 BELOW_CLICKS = (0.1, 0.15)  # ubm: examination below a click relative to none above, at the same rank
-# ... and not above it by far: clicks that do not follow examination (bots clicking every
-# result: 2.5 at 5% of the queries). Position-based users with their own click propensities
-# (the simulator's) read 1.25-1.3: clicky users' clicks are the ones with a click above.
-MAX_BELOW_CLICKS = (2.0, 1.7)
-MIN_BELOW_SUPPORT = 2000.0  # pairs behind below_clicks before its upper bound is judged
 MIN_EXPECTED = 30.0         # expected clicks a calibration class needs to be judged
 MIN_REACTION_WEIGHT = 300.0
 MIN_SCORED = 500.0          # ranks scored before the perplexities choose
@@ -138,10 +130,9 @@ def _excess(found: Propensities, t: int, ratio_limit: tuple[float, float], monot
     return ratio, rise
 
 
-def below_clicks(ubm: Propensities, ranks: int, min_support: float = 0.0) -> float | None:
+def below_clicks(ubm: Propensities, ranks: int) -> float | None:
     """ubm's examination below a click relative to the same rank with none above, the
-    mean over slots weighted by their support (None: no such slot estimated, or less
-    support than `min_support`)."""
+    mean over slots weighted by their support (None: no such slot estimated)."""
     total = weight = 0.0
     for r in range(1, ranks):
         top = ubm.relative[slot(r, 0)]
@@ -149,7 +140,7 @@ def below_clicks(ubm: Propensities, ranks: int, min_support: float = 0.0) -> flo
             g, n = ubm.relative[slot(r, d)], ubm.support[slot(r, d)]
             if g is not None and top:
                 total, weight = total + n * g / top, weight + n
-    return total / weight if weight and weight >= min_support else None
+    return total / weight if weight else None
 
 
 def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayout,
@@ -169,7 +160,6 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
     calibration = [layout.observed_over_expected(fit, m, cls, MIN_EXPECTED) for cls in (0, 1)]
     contrast = layout.reaction_contrast(fit, MIN_REACTION_WEIGHT)
     below = below_clicks(ubm, layout.ranks) if model == "ubm" else None
-    bots = below_clicks(ubm, layout.ranks, MIN_BELOW_SUPPORT)
     checks = {"ratio_excess": ratio, "rise_excess": rise, "calibration_no_click_above": calibration[0],
               "calibration_click_above": calibration[1], "reaction_ranks": contrast,
               "below_clicks": below_clicks(ubm, layout.ranks)}
@@ -178,7 +168,7 @@ def judge(pbm: Propensities, ubm: Propensities, fit: np.ndarray, layout: FitLayo
         reason = "insufficient_support"
     elif contrast is not None and abs(contrast) > REACTION[t]:  # promoted or demoted after a click
         reason = "click_reactive_ranker"
-    elif ratio > 0 or rise > 0 or (bots is not None and bots > MAX_BELOW_CLICKS[t]):
+    elif ratio > 0 or rise > 0:
         reason = "implausible_propensities"
     elif any(c is not None and not low <= c <= high for c in calibration):
         reason = "poor_fit"
