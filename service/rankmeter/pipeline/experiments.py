@@ -263,11 +263,11 @@ class Experiments:
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
         running = self._running(state)
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
-        # By the data read as well as the clock (a backlog has not read its clicks); a
-        # read-only look (rankmeter report) fixes none: it shows the service's.
+        # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled)
-        notes = phase.notes(names) + (() if settled or a.mixture_variance else (waiting_note(tested_from),))
+        waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
+        notes = phase.notes(names) + ((waiting_note(tested_from),) if waiting else ())
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit)
         if notes != self._notes:
