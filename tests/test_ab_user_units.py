@@ -69,8 +69,10 @@ def test_a_comparison_by_user_waits_for_enough_users_in_each_arm(per_user, compa
 def test_a_client_id_of_any_length_is_kept_as_its_bucket_and_none_is_no_user():
     # The id is hashed and dropped (never a key, label or log): a long one (a JWT, 800
     # characters) must not cost the impression, as a limit did for every configuration.
-    decoder = Decoder(config.load(None, {}))
+    decoder = Decoder(config.load(None, {"RANKMETER_AB_UNIT": "user"}))
     event = {"query_id": "q", "ranker": "a", "timestamp": NOW_MS, "results": ["d"]}
+    assert Decoder(config.load(None, {})).impression(json.dumps({**event, "client_id": "u"}).encode(),
+                                                     NOW_MS).user_bucket == -1  # not by user: no hash
     for client in ("u42", "u" * (MAX_ID + 1), "e" * 800, "ü\u00a0x"):
         kept = decoder.impression(json.dumps({**event, "client_id": client}).encode(), NOW_MS)
         assert not isinstance(kept, Rejected) and kept.user_bucket == clusters.bucket_of(client), client

@@ -28,6 +28,7 @@ class Rules:
 
     def __init__(self, settings: Settings) -> None:
         self.max_results = settings.limits.max_results
+        self.by_user = settings.ab.unit == "user"  # (the user's bucket: a hash, paid only when used)
         self.labels = dict(settings.evaluation.labels)
         self.grades = dict(settings.evaluation.grades)
         self.long_dwell_ms = settings.evaluation.long_dwell_ms
@@ -56,7 +57,7 @@ class Rules:
         # A document repeated in the list keeps its first rank (brief §2).
         return Impression(query_id, ranker, ts, first_occurrences(results), segment,
                           query_hash=query_hash(user_query) if user_query else "",
-                          user_bucket=bucket_of(client_id) if client_id else -1)
+                          user_bucket=bucket_of(client_id) if client_id and self.by_user else -1)
 
     def known(self, action: str) -> bool:
         return action in ("judgment", IMPRESSION_ACTION) or action in self.grades
