@@ -23,7 +23,8 @@ experiments flagged by the end and the median users to detection, at α/2 (the p
 combines the user test with the query-share test, Bonferroni: each at α/2), against a
 configured 50/50. The HLL line: over every path, the largest |log(û_T/û_B) −
 log(u_T/u_B)| / (√2·σ) at a look (σ = 1.04/√16384), its 99th and 99.9th percentiles and
-the share above HLL_SIGMAS (the δ of the guarantee). About 0.15 s an experiment per 10⁶ users on one core.
+the share of paths above HLL_SIGMAS, and the share whose true share ever left the product's
+interval (`share_interval`: the bound and the slack of whole users; the δ of the guarantee). About 0.15 s an experiment per 10⁶ users on one core.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from progress import Progress  # noqa: E402
 
 from rankmeter.ab import hll  # noqa: E402
 from rankmeter.ab.stats import srm_p_value  # noqa: E402
-from rankmeter.ab.users import HLL_BOUND, HLL_SIGMAS, srm_users_p_value  # noqa: E402
+from rankmeter.ab.users import HLL_BOUND, HLL_SIGMAS, share_interval, srm_users_p_value  # noqa: E402
 
 ALPHA = 0.05
 SIGMA_RATIO = math.sqrt(2.0) * hll.RELATIVE_ERROR
@@ -81,17 +82,27 @@ def path(rng: np.random.Generator, users: int, share: float, at: np.ndarray):
 
 
 def first_alarm(counts: np.ndarray, split: float, bound: float, alpha: float) -> int:
-    """The first look (index) whose p-value is below alpha, or -1 (running minimum: ever)."""
+    """The first look (index) whose p-value is below alpha, or -1 (running minimum: ever).
+    bound 0: the counts as exact (no slack either)."""
     for j, (b, t) in enumerate(counts):
-        if srm_users_p_value([b, t], [t, b], [split, 1.0 - split], bound=bound) < alpha:
+        if srm_users_p_value([b, t], [t, b], [split, 1.0 - split], bound=bound, slack=2.0 if bound else 0.0) < alpha:
             return j
     return -1
+
+
+def left_bound(true: np.ndarray, est: np.ndarray) -> bool:
+    """Whether the true share left the product's interval (share_interval) at some look: the δ."""
+    for (tb, tt), (b, t) in zip(true, est):
+        low, high = share_interval(b, t)
+        if tb + tt > 0 and not low <= tb / (tb + tt) <= high:
+            return True
+    return False
 
 
 def aa(args, users: int, split: float, rng: np.random.Generator) -> None:
     at = looks(users)
     hits = {"widened": 0, "naive": 0, "exact": 0}
-    worst = []
+    worst, left = [], 0
     progress = Progress(f"A/A {users:,} users {split}", args.experiments, "experiments")
     for e in range(args.experiments):
         true, est = path(rng, users, split, at)
@@ -100,6 +111,7 @@ def aa(args, users: int, split: float, rng: np.random.Generator) -> None:
         hits["exact"] += first_alarm(true, split, 0.0, ALPHA) >= 0
         error = np.log(est[:, 0] / est[:, 1]) - np.log(true[:, 0] / np.maximum(true[:, 1], 1))
         worst.append(np.max(np.abs(error[(true > 0).all(-1)])) / SIGMA_RATIO)
+        left += left_bound(true, est)
         progress(e + 1)
     for name, k in hits.items():
         print(f"aa users={users} split={split:g}/{1 - split:g} test={name} looks={len(at)} "
@@ -107,7 +119,8 @@ def aa(args, users: int, split: float, rng: np.random.Generator) -> None:
     w = np.array(worst)
     print(f"hll users={users} split={split:g}/{1 - split:g} sup_error_sigmas p50={np.percentile(w, 50):.2f} "
           f"p99={np.percentile(w, 99):.2f} p99.9={np.percentile(w, 99.9):.2f} max={w.max():.2f} "
-          f"above_{HLL_SIGMAS:g}={int((w > HLL_SIGMAS).sum())}/{len(w)}", flush=True)
+          f"above_{HLL_SIGMAS:g}={int((w > HLL_SIGMAS).sum())}/{len(w)} "
+          f"outside_bound_with_slack={left}/{len(w)}", flush=True)
 
 
 def power(args, users: int, true_share: float, rng: np.random.Generator) -> None:
