@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rankmeter import config
-from rankmeter.ab import clusters
+from rankmeter.ab import clusters, hll
+from rankmeter.ab.users import srm_users_p_value
 from rankmeter.events import Decoder, Rejected
 from rankmeter.events.rules import MAX_ID
 from rankmeter.source import Bus
@@ -156,4 +157,15 @@ def test_a_look_by_user_equals_statsmodels_cluster_robust_variance_over_the_buck
         assert c.estimate.variance == pytest.approx(max(own, pooled), rel=1e-9), average
     counts = [np.bincount([bucket[q] for q in arms[r]], minlength=clusters.BUCKETS) for r in ("base", "new")]
     split = [settings.ab.split[r] for r in ("base", "new")]
-    assert look.srm[""] == pytest.approx(clusters.srm_query_share_p_value(counts, split, min_queries=20), rel=1e-12)
+    by_queries = clusters.srm_query_share_p_value(counts, split, min_queries=20)
+    # and the arms' distinct users (HyperLogLog registers of the arm's users, merged over the
+    # partitions by the look), Bonferroni with the query shares
+    regs = {r: np.zeros(hll.REGISTERS, np.uint8) for r in ("base", "new")}
+    for r in regs:
+        hll.add(regs[r], np.array(sorted({clusters.user_hash(user[q]) for q in arms[r]}), dtype=np.uint64))
+    users = [hll.count(regs["base"]), hll.count(regs["new"])]
+    for r, n in zip(("base", "new"), users):
+        [view] = [a for a in look.arms if a.ranker == r]
+        assert view.users == n and abs(n - len({user[q] for q in arms[r]})) <= 2
+    by_users = srm_users_p_value(users, users[::-1], split)
+    assert look.srm[""] == pytest.approx(min(1.0, 2 * min(by_queries, by_users)), rel=1e-12)

@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from rankmeter import config
-from rankmeter.ab.clusters import bucket_of
+from rankmeter.ab.clusters import bucket_of, user_hash
 from rankmeter.events import Decoder, Feedback, Impression, Rejected, query_hash
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
@@ -254,6 +254,7 @@ def test_query_records_without_hit_ids_wait_for_their_list():
                                                                         query_hash=text)
     by_user = Decoder(config.load(None, {"RANKMETER_AB_UNIT": "user"})).impression
     assert by_user(json.dumps(with_hits).encode(), NOW_MS).user_bucket == bucket_of("c")
+    assert by_user(json.dumps(with_hits).encode(), NOW_MS).user_hash == user_hash("c")
 
 
 def test_judgments_may_carry_an_esci_label_graded_by_evaluation_labels():
