@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, TextIO
 
 from rankmeter.engine import Measure, parse, stack_scored
-from rankmeter.trec import InputError, rank, read_qrels, read_run
+from rankmeter.trec import InputError, gc_paused, rank, read_qrels, read_run
 from rankmeter.trec_eval.names import Column, cutoff_text
 
 MIN_GEO_MEAN = 0.00001  # trec_eval.h
@@ -52,16 +52,17 @@ def _relstring(grades: Sequence[float], judged: Sequence[bool]) -> str:
 
 
 def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, out: TextIO) -> None:
-    qrels = read_qrels(qrels_path, atol=True)
-    run = read_run(run_path)
-    qids = sorted(qrels) if flags.complete else sorted(q for q in run if q in qrels)
-    if not qids:
-        raise InputError(run_path, None, f"no query of this run has judgments in {qrels_path}")
-    grades = [qrels[q] for q in qids]
-    scores = [run.get(q, {}) for q in qids]
-    if flags.max_docs is not None or flags.judged_only:
-        scores = [_select(s, g, flags) for s, g in zip(scores, grades)]
-    batch = stack_scored(scores, grades, flags.level)
+    with gc_paused():  # millions of small objects, no cycles: see trec.gc_paused
+        qrels = read_qrels(qrels_path, atol=True)
+        run = read_run(run_path)
+        qids = sorted(qrels) if flags.complete else sorted(q for q in run if q in qrels)
+        if not qids:
+            raise InputError(run_path, None, f"no query of this run has judgments in {qrels_path}")
+        grades = [qrels[q] for q in qids]
+        scores = [run.get(q, {}) for q in qids]
+        if flags.max_docs is not None or flags.judged_only:
+            scores = [_select(s, g, flags) for s, g in zip(scores, grades)]
+        batch = stack_scored(scores, grades, flags.level)
     bogus = [q not in run for q in qids]
     values: dict[Measure, list[float]] = {}
 
