@@ -11,9 +11,22 @@ gains less than 1 apart may come out of order there; here the order is exact.)
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rankmeter.engine.batch import Batch
+
+
+def finite_number(text: str, what: str = "") -> float:
+    """`text` as a finite float, else ValueError naming it (`what` first)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what}{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}{text!r} is not a finite number")
+    return value
 
 
 def parse_gains(text: str) -> tuple[tuple[int, float], ...]:
@@ -24,12 +37,7 @@ def parse_gains(text: str) -> tuple[tuple[int, float], ...]:
         level = level.strip()
         if not sep or not (level.lstrip("+").isascii() and level.lstrip("+").isdigit()):
             raise ValueError(f"a gain is level:gain with a level of 0 or more, not {item!r}")
-        try:
-            value = float(gain)
-        except ValueError:
-            raise ValueError(f"the gain {gain!r} of level {level} is not a number") from None
-        if not np.isfinite(value):
-            raise ValueError(f"the gain of level {level} must be a finite number")
+        value = finite_number(gain, f"the gain of level {level}: ")
         if int(level) in table:
             raise ValueError(f"level {int(level)} is given two gains")
         if int(level) == 0 and value > 0:

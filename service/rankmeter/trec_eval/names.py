@@ -12,11 +12,11 @@ is refused.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from rankmeter.engine import Measure, parse
+from rankmeter.engine.gains import finite_number as _number
 
 
 class Column(NamedTuple):
@@ -75,16 +75,6 @@ def _multiple(text: str, value: float) -> None:
 def cutoff_text(value: float) -> str:
     """A cut-off as the engine's names write it (no exponent), to 17 decimals."""
     return f"{value:.17f}".rstrip("0").rstrip(".")
-
-
-def _number(text: str, what: str = "") -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{what}{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{what}{text!r} is not a finite number")
-    return value
 
 
 def single(name: str, ours: str, kind: str = "double", summary: str = "mean", per_query: bool = True) -> Builder:
