@@ -96,6 +96,9 @@ def test_a_look_skips_a_stored_count_that_is_no_hyperloglog(store):
     look = pipeline.ab_look()
     assert {a.ranker: a.users for a in look.arms}[ranker] is None
     assert pipeline.unreadable.counts["experiment"] == 2
+    # Not a partial union (the arm's users on the other partition only, a false mismatch):
+    # no user test at this look, said so, and the query shares still tested.
+    assert look.srm[""] > 0.5 and any("not all readable" in n for n in look.notes), (look.srm, look.notes)
 
 
 def test_on_redis_cluster_each_partitions_counts_are_in_its_slot_and_merged_at_a_look(redis_cluster_url):  # noqa: F811
