@@ -36,7 +36,7 @@ def arm_users(store: object, stored: Mapping[int, Mapping[str, bytes]], experime
     store does not count users (it has no `load_users`). An arm whose count is unreadable
     (counted in `unreadable`) or missing on a partition holding its sums maps to None: a
     user's queries land on every partition, so a partial union would lose users and read
-    as a mismatch (kept for good by the running minimum)."""
+    as a mismatch (kept for good by the running minimum). No count at all: {}."""
     load = getattr(store, "load_users", None)
     if load is None:
         return None
@@ -61,4 +61,6 @@ def arm_users(store: object, stored: Mapping[int, Mapping[str, bytes]], experime
                 continue
             merged = out.setdefault((ranker, segment), np.zeros(hll.REGISTERS, np.uint8))
             np.maximum(merged, registers, out=merged)
+    if not out:  # no count at all: a phase begun before users were counted
+        return {}
     return {**out, **{arm: None for arm in incomplete}}
