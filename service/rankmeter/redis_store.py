@@ -69,8 +69,7 @@ local function section(width, apply)
   for s = i, i + n - 1, 4000 do apply(s, math.min(s + 3999, i + n - 1)) end
   i = i + n
 end
--- The users first, before any other write: a script is not rolled back, and a PFADD into a
--- value that is no valid HyperLogLog (corrupt, another type) fails; such a key is reset.
+-- Users first (a script is not rolled back): a key no valid HyperLogLog fails PFADD, is reset.
 local users = i
 for _, width in ipairs({2, 2, 2, 2, 2, 2, 1, 1, 1}) do users = users + 1 + tonumber(ARGV[users]) * width end
 for k = 7, #KEYS do
