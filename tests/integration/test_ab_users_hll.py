@@ -122,10 +122,11 @@ def test_on_redis_cluster_each_partitions_counts_are_in_its_slot_and_merged_at_a
 
 
 @pytest.mark.parametrize("bad", [b"HYLL\x01" + bytes(11) + b"\xff\xff", b"not a HyperLogLog", "hash"])
-def test_a_users_key_that_is_no_hyperloglog_is_reset_not_a_half_applied_checkpoint(store, bad):
+def test_a_users_key_that_is_no_hyperloglog_is_left_not_a_half_applied_checkpoint(store, bad):
     """A script is not rolled back: a PFADD failing into a corrupt or foreign value after the
     records, offsets and mark were written would leave the partition half-committed and
-    fail every later checkpoint. The commit resets such a key first and writes it all."""
+    fail every later checkpoint. The commit tries the users first and leaves such a key as
+    it is (unreadable: the looks leave the user test out; a reset would under-count)."""
     key = store._key(0, f"users:{ARM}")
     store.claim(0)
     if bad == "hash":
@@ -134,5 +135,7 @@ def test_a_users_key_that_is_no_hyperloglog_is_reset_not_a_half_applied_checkpoi
         store.client.set(key, bad)
     assert store.commit([checkpoint(0, 1, "1:1", "", {ARM: _users(50)})]) == {}
     assert store.client.hget(store._key(0, "meta"), "layout") == b"L"
-    assert store.client.pfcount(key) == hll.count(hll.parse(store.client.get(key))) and 45 < store.client.pfcount(key) < 55
+    with pytest.raises(ValueError):  # left as it was: no count (the looks leave the user test out)
+        hll.parse(store.load_users({0: [ARM]})[0][ARM])
     assert store.commit([checkpoint(0, 1, "1:2", "1:1", {ARM: _users(10, 50)})]) == {}
+    assert store.client.hget(store._key(0, "meta"), "mark") == b"1:2"

@@ -129,6 +129,10 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 # unreadable or missing on a partition: no user test at this look)
                 empty = np.zeros(hll.REGISTERS, np.uint8)
                 counted = [users.get((r, segment), empty) for r in shares] if users else []
+                # Users tested or not, the query shares at α/2 (Bonferroni, `user_srm`): one
+                # split of α over every look of the phase.
+                if not counted or any(c is None for c in counted) or not any(c.any() for c in counted):
+                    now = min(1.0, 2.0 * now)
                 if any(c is None for c in counted):
                     notes.append(f"distinct users of segment {segment or '-'} are not all readable at this look "
                                  f"(rankmeter_store_unreadable_total): its sample-ratio check tests query shares only")
