@@ -81,8 +81,9 @@ def render_alerts(found: list[tuple[alerts.Condition, str]], now_ms: int, since:
 def demo(settings: Settings, source: Source, store: Store, send: Callable[..., None], mode: str,
          rate: float, duration: float | None, regression_at: float | None, seed: int,
          out: TextIO = sys.stdout, refresh_s: float = 1.0,
-         interleave: tuple[str, str] | None = None, speed: float = 60.0) -> dict[str, WindowView]:
-    """Run until `duration` (or Ctrl-C); returns the last views of the smallest window.
+         interleave: tuple[str, str] | None = None, speed: float = 60.0,
+         count: int | None = None) -> dict[str, WindowView]:
+    """Run until `duration` or `count` events (or Ctrl-C); returns the last views of the smallest window.
     `send(event, timestamp_ms)` delivers an event with its record's timestamp."""
     stop = threading.Event()
     started: dict = {}
@@ -115,7 +116,7 @@ def demo(settings: Settings, source: Source, store: Store, send: Callable[..., N
     # A record's timestamp is its event's (the event clock follows it), or now for feedback
     # stamped later (delays) that a real producer sends as it happens.
     traffic = threading.Thread(target=simulator.run,
-                               args=(lambda e: send(e, min(e.timestamp_ms, event_now())), rate, duration),
+                               args=(lambda e: send(e, min(e.timestamp_ms, event_now())), rate, duration, count),
                                kwargs={"stop": stop.is_set, "event_time": event_now}, daemon=True)
     traffic.start()
     window = min(settings.windows.sizes, key=lambda s: _minutes(s))

@@ -17,6 +17,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                     "and RANKMETER_REDIS_URL are set. Ctrl-C stops.")
     dm.add_argument("--config", metavar="FILE", help="YAML settings file")
     traffic_options(dm, rate=500.0)
+    dm.add_argument("--count", type=int, metavar="N",
+                    help="stop after N events (and once they are all read), however long that takes")
     dm.add_argument("--speed", type=float, default=60.0, metavar="X",
                     help="event time runs X times faster than the wall clock, from a day back until it "
                          "reaches now (default 60: a second shows a minute of traffic; 1: real time)")
@@ -42,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         source, store, send = embedded(settings)
         mode = "embedded (in-process bus, in-memory store)"
+    if args.count is not None and args.count < 1:
+        raise UsageError(f"--count {args.count}: at least 1")
     demo(settings, source, store, send, mode, args.rate, args.duration, args.regression_at, args.seed,
-         interleave=args.interleave, speed=args.speed)
+         interleave=args.interleave, speed=args.speed, count=args.count)
     return 0
 
 
