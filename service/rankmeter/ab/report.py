@@ -23,10 +23,9 @@ import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from rankmeter.ab.declared import LOWER_IS_BETTER
 from rankmeter.ab.experiment import Comparison, Look
 from rankmeter.unreadable import Unreadable
-
-LOWER_IS_BETTER = frozenset({"Abandonment", "FirstClickRank"})
 
 
 def verdict(c: Comparison, look: Look, alpha: float) -> str:

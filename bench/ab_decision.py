@@ -1,0 +1,173 @@
+"""The declared decision's error rates, measured (issue 21): A/A experiments with three
+primaries and five guardrails, looked at every 100 queries through the service's own
+`rankmeter.ab.experiment.look` and `rankmeter.ab.decision.decide` (the same code, the same
+running statistics, τ² fixed per metric at its first look, the SRM test on).
+
+    .venv/bin/python bench/ab_decision.py [--experiments 500] [--power-experiments 250] [--queries 20000]
+        [--config all] [--seed 21]
+
+One line per configuration, ending `false_ship=… false_stop=… variance_reduction=…` (each
+rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED):
+
+* `aa`: 50/50, per query, independent metrics; `aa_90_10`: the treatment 10%; `aa_user`:
+  per-user assignment (10,000 users, lognormal activity, a persistent user effect on every
+  metric), bucket statistics; `aa_rare`: the Clicks guardrail a Bernoulli event of 1% (a
+  purchase); `aa_correlated`: every metric driven by one latent quality (ρ = 0.6).
+* `power`: the primaries improved (a latent shift of 0.1 sd of each), to 3 × --queries:
+  the share reaching a correct `ship` and the queries it took (`false_ship` is then 0 by
+  definition; `false_stop` counts `do_not_ship`).
+* `guardrail`: CTR down 10% against its 3% margin, the primaries unchanged: the share
+  reaching `do_not_ship` (`false_ship` counts a ship, which would be wrong here).
+
+Per query, 8 latent normals (equicorrelated), mapped to nDCG-like values (35% zeros, 10%
+ones, Beta(2, 2) between: nDCG@10, AP, RR, P@10), a click (CTR, 30%), abandonment (40%),
+a heavy-tailed first click rank (P(r) ∝ r^-1.3 on 1..100) and a click count (Poisson 0.6).
+About 1.5 min a configuration of 500 experiments on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from scipy import special, stats
+
+from rankmeter.ab import clusters, sums
+from rankmeter.ab.decision import decide
+from rankmeter.ab.experiment import look as ab_look
+from rankmeter.config import AB
+
+METRICS = ["nDCG@10", "AP", "RR", "CTR", "Abandonment", "FirstClickRank", "Clicks", "P@10"]
+PRIMARY = ["nDCG@10 increase", "AP increase", "RR increase"]
+GUARDRAILS = ["CTR 3%", "Abandonment 0.03", "FirstClickRank 10%", "Clicks 0.06", "P@10 0.03"]
+ALPHA, BATCH, USERS = 0.05, 100, 10_000
+CONFIGS = {  # name: (treatment share, per user, rare Clicks, ρ, primaries' latent shift, CTR factor)
+    "aa": (0.5, False, False, 0.0, 0.0, 1.0),
+    "aa_90_10": (0.1, False, False, 0.0, 0.0, 1.0),
+    "aa_user": (0.5, True, False, 0.0, 0.0, 1.0),
+    "aa_rare": (0.5, False, True, 0.0, 0.0, 1.0),
+    "aa_correlated": (0.5, False, False, 0.6, 0.0, 1.0),
+    "power": (0.5, False, False, 0.0, 0.1, 1.0),
+    "guardrail": (0.5, False, False, 0.0, 0.0, 0.9),
+}
+_RANKS = np.arange(1, 101)
+_RANK_CDF = np.cumsum(_RANKS ** -1.3) / np.sum(_RANKS ** -1.3)
+
+
+def values(z: np.ndarray, treated: np.ndarray, rare: bool, shift: float, ctr_factor: float) -> np.ndarray:
+    """[Q, 8] per-query values from [Q, 8] latent normals (higher latent: better)."""
+    z = z.copy()
+    z[:, :3] += shift * treated[:, None]
+    u = special.ndtr(z)
+    out = np.empty_like(u)
+    for c in (0, 1, 2, 7):   # nDCG-like
+        mid = np.clip((u[:, c] - 0.35) / 0.55, 0.0, 1.0)
+        out[:, c] = np.where(u[:, c] < 0.35, 0.0, np.where(u[:, c] > 0.9, 1.0, stats.beta.ppf(mid, 2, 2)))
+    out[:, 3] = u[:, 3] > 1.0 - 0.3 * np.where(treated, ctr_factor, 1.0)  # a click
+    out[:, 4] = u[:, 4] < 0.4                                           # abandoned
+    out[:, 5] = _RANKS[np.minimum(np.searchsorted(_RANK_CDF, 1.0 - u[:, 5]), 99)]
+    out[:, 6] = (u[:, 6] > 0.99) if rare else stats.poisson.ppf(u[:, 6], 0.6)
+    return out
+
+
+def experiment(rng: np.random.Generator, queries: int, config: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative arm vectors at every look, [looks, 2 (treatment, baseline), B, size] (B = 1
+    per query, clusters.BUCKETS per user), and each look's query count."""
+    share, by_user, rare, rho, shift, ctr = config
+    if by_user:
+        weights = rng.lognormal(0.0, 1.5, USERS)
+        user = rng.choice(USERS, queries, p=weights / weights.sum())
+        effect = rng.normal(0.0, 0.5, (USERS, 1))
+        treated = (rng.random(USERS) < share)[user]
+        bucket = rng.integers(0, clusters.BUCKETS, USERS)[user]
+        common = effect[user]
+    else:
+        treated = rng.random(queries) < share
+        bucket = np.zeros(queries, dtype=int)
+        common = np.zeros((queries, 1))
+    latent = np.sqrt(rho) * rng.normal(size=(queries, 1)) + np.sqrt(1 - rho) * rng.normal(size=(queries, 8))
+    x = values((latent + common) / np.sqrt(1 + common.var() if by_user else 1.0), treated, rare, shift, ctr)
+    buckets = clusters.BUCKETS if by_user else 1
+    looks = queries // BATCH
+    cell = ((np.arange(queries) // BATCH) * 2 + (~treated).astype(int)) * buckets + bucket
+    m = len(METRICS)
+    per_query = np.zeros((queries, sums.size(m)))
+    slots = per_query[:, :sums.SLOTS * m].reshape(queries, m, sums.SLOTS)
+    for k, column in enumerate((np.ones_like(x), x, x * x, x, np.ones_like(x), x * x, np.ones_like(x), x)):
+        slots[:, :, k] = column   # a mean is also a ratio with denominator 1
+    per_query[:, -2:] = 1.0
+    out = np.stack([np.bincount(cell, per_query[:, j], minlength=looks * 2 * buckets)
+                    for j in range(per_query.shape[1])], -1).reshape(looks, 2, buckets, -1)
+    return np.cumsum(out, axis=0), (np.arange(looks) + 1) * BATCH
+
+
+def run(name: str, experiments: int, queries: int, seed: int) -> dict:
+    config = CONFIGS[name]
+    share, by_user = config[0], config[1]
+    settings = AB(baseline="base", unit="user" if by_user else "query", split={"base": 1 - share, "new": share},
+                  alpha=ALPHA, primary=PRIMARY, guardrails=GUARDRAILS)
+    ships, stops, first_ship = 0, 0, []
+    for e in range(experiments):
+        rng = np.random.default_rng([seed, list(CONFIGS).index(name), e])
+        cum, n = experiment(rng, queries, config)
+        running: dict[str, str] = {}
+        shipped = stopped = False
+        for j in range(len(n)):
+            arm = (lambda v: v) if by_user else (lambda v: v[0])
+            vectors = {("new", ""): arm(cum[j, 0]), ("base", ""): arm(cum[j, 1])}
+            look, kept = ab_look("bench", "base", vectors, METRICS, settings, running, settled=True)
+            running.update(kept)
+            [d] = decide(look, settings) or [None]
+            decision = d.decision if d else "keep_running"
+            if decision == "ship" and not shipped:
+                shipped = True
+                first_ship.append(int(n[j]))
+            stopped |= decision == "do_not_ship"
+            if stopped and shipped:
+                break
+        ships += shipped
+        stops += stopped
+        if (e + 1) % 50 == 0:
+            print(f"  {name}: {e + 1}/{experiments}", file=sys.stderr)
+    return {"ships": ships, "stops": stops, "first_ship": first_ship, "experiments": experiments}
+
+
+def cp(k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return f"{k / n:.4f} [{ci.low:.4f}, {ci.high:.4f}]"
+
+
+def line(name: str, r: dict, queries: int) -> str:
+    n = r["experiments"]
+    head = f"{name:<14} experiments={n} queries={queries} looks_every={BATCH} primaries=3 guardrails=5"
+    if name == "power":
+        q = np.percentile(r["first_ship"], [50, 90]).astype(int) if r["first_ship"] else ("-", "-")
+        head += f" ship={cp(r['ships'], n)} queries_to_ship_median={q[0]} p90={q[1]}"
+        return f"{head} false_ship=0 false_stop={cp(r['stops'], n)} variance_reduction=n/a"
+    if name == "guardrail":
+        head += f" do_not_ship={cp(r['stops'], n)}"
+        return f"{head} false_ship={cp(r['ships'], n)} false_stop=n/a variance_reduction=n/a"
+    return f"{head} false_ship={cp(r['ships'], n)} false_stop={cp(r['stops'], n)} variance_reduction=n/a"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", type=int, default=500)
+    parser.add_argument("--queries", type=int, default=20_000)
+    parser.add_argument("--config", default="all", help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--power-experiments", type=int, default=250, help="for power and guardrail")
+    parser.add_argument("--seed", type=int, default=21)
+    args = parser.parse_args()
+    names = list(CONFIGS) if args.config == "all" else args.config.split(",")
+    for name in names:
+        started = time.monotonic()
+        queries = args.queries * (3 if name == "power" else 1)
+        r = run(name, args.power_experiments if name in ("power", "guardrail") else args.experiments, queries, args.seed)
+        print(line(name, r, queries), flush=True)
+        print(f"  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
