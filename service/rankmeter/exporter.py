@@ -281,6 +281,10 @@ def click_fit_metrics(look: Look) -> Iterator[Metric]:
         if value is not None and math.isfinite(value):  # (a stored sum that is not a number: none)
             perplexity.add_metric([model], value)
     yield from (valid, perplexity, chosen)
+    if look.at > 0:  # (an estimate stored by an older version has no time)
+        yield GaugeMetricFamily(
+            "rankmeter_click_model_estimated_timestamp_seconds", "When partition 0's holder estimated the "
+            "click models in use (Unix time): an old one means that replica is not looking.", value=look.at)
 
 
 class Exporter:

@@ -22,11 +22,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.ab import clusters, declared
+from rankmeter.ab import clusters, declared, hll
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, MeanSums, RatioSums, Running, Sequential,
                                 mean_difference, msprt, preference, ratio_difference, srm_p_value, unit_variance,
                                 update)
+from rankmeter.ab.users import srm_users_p_value
 from rankmeter.config import AB
 
 
@@ -47,6 +48,7 @@ class ArmView(NamedTuple):
     segment: str
     queries: float
     judged: float
+    users: float | None = None  # distinct users (HyperLogLog estimate), ab.unit: user; None: not counted
 
 
 class Look(NamedTuple):
@@ -64,7 +66,8 @@ class Look(NamedTuple):
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
          names: list[str | None], settings: AB, running: Mapping[str, str],
-         settled: bool = True) -> tuple[Look, dict[str, str]]:
+         settled: bool = True, users: Mapping[tuple[str, str], np.ndarray] | None = None
+         ) -> tuple[Look, dict[str, str]]:
     """`vectors`: (ranker, segment) -> the arm's summed vector over every partition, or
     with `ab.unit: user` its [B, size] sums per user bucket (ab/clusters.py: the variances
     and the sample-ratio test are then the cluster-robust ones over buckets); `names`: the
@@ -72,7 +75,9 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
     what earlier looks kept; `settled`: the phase has run long enough for its first
     queries' feedback to have arrived, so a τ² may be fixed from the metric's variance
     (before, a comparison without a fixed τ² is not tested). Returns the look and what
-    to keep now."""
+    to keep now. `users`: with `ab.unit: user`, each arm's HyperLogLog registers of its
+    distinct users (None: the store does not count them); the sample-ratio test then
+    tests user counts as well as query shares (`user_srm`)."""
     by_user = settings.unit == "user"
     arms = {key: ab_sums.arm(v.sum(0) if by_user else v, names) for key, v in vectors.items()}
     columns = {n: c for c, n in enumerate(names) if n is not None}
@@ -123,7 +128,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                                          msprt(estimate if s == 1.0 else difference(s), tau2, level))
                     kept[field] = _encode(tests[test], tau2)
                 comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2, tests))
-    srm = {}
+    srm, notes = {}, []
     if settings.split:
         shares = settings.split
         for segment in sorted({s for _, s in arms}):
@@ -136,13 +141,36 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 buckets = [vectors[(r, segment)][:, -2] if (r, segment) in arms else np.zeros(clusters.BUCKETS)
                            for r in shares]
                 now = clusters.srm_query_share_p_value(buckets, list(shares.values()), min_queries=settings.min_queries)
+                counted = [users.get((r, segment)) for r in shares] if users else []
+                if any(c is not None for c in counted):
+                    now = user_srm(counted, list(shares.values()), now)
+                else:
+                    notes.append(f"distinct users are not counted in segment {segment or '-'} (a phase begun "
+                                 f"before this release, or a store without HyperLogLog): its sample-ratio check "
+                                 f"tests query shares only")
             else:
                 now = srm_p_value(counts, list(shares.values()))
             p = min(before.p_value, now)
             kept[key] = _encode(before._replace(p_value=p))
             srm[segment] = p
-    views = [ArmView(r, s, a.queries, a.judged) for (r, s), a in sorted(arms.items())]
-    return Look(experiment, baseline, views, comparisons, srm), kept
+    counts = {arm: hll.count(r) for arm, r in (users or {}).items()}
+    views = [ArmView(r, s, a.queries, a.judged, counts.get((r, s)))
+             for (r, s), a in sorted(arms.items())]
+    return Look(experiment, baseline, views, comparisons, srm, notes=tuple(notes)), kept
+
+
+def user_srm(registers: list[np.ndarray | None], split: list[float], query_share_p: float) -> float:
+    """The sample-ratio p-value with `ab.unit: user`: the arms' distinct users
+    (ab/users.py: exact multinomial test, widened by the HyperLogLog bound) and their query
+    shares (ab/clusters.py), Bonferroni: 2 × the smaller, so each is tested at α/2 and
+    either a mismatch of users (an assignment bug) or one of queries (a ranker losing its
+    users' impressions) is found. Per arm, against the rest: the other arms' registers
+    merged (one HyperLogLog, one error)."""
+    empty = np.zeros(hll.REGISTERS, np.uint8)
+    regs = [empty if r is None else r for r in registers]
+    users = [hll.count(r) for r in regs]
+    rest = [hll.count(np.max([r for j, r in enumerate(regs) if j != i] or [empty], axis=0)) for i in range(len(regs))]
+    return min(1.0, 2.0 * min(srm_users_p_value(users, rest, split), query_share_p))
 
 
 def _scaled(a: MeanSums | RatioSums, s: float) -> MeanSums | RatioSums:
