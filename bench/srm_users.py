@@ -9,7 +9,7 @@ Users arrive one after another; each is assigned to the baseline with probabilit
 id (what BLAKE2b of a client_id is: uniform). Each arm's distinct users are counted in
 HyperLogLog registers exactly as Redis counts them — `rankmeter.ab.hll.add`, MurmurHash64A
 of the 8-byte element, Redis's register rule, Ertl's estimator; identical to PFCOUNT
-(tests/test_ab_users.py) — so the count's error is Redis's, as a fixed function of the set
+(tests/test_ab_user_counts.py) — so the count's error is Redis's, as a fixed function of the set
 of users, correlated from look to look. A look every 100 users to 2,000, then every 2% of
 growth (about 240 looks to 10⁶). At each look the product's p-value
 (`rankmeter.ab.users.srm_users_p_value`), running minimum, against α = 0.05:

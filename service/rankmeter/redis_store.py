@@ -69,6 +69,18 @@ local function section(width, apply)
   for s = i, i + n - 1, 4000 do apply(s, math.min(s + 3999, i + n - 1)) end
   i = i + n
 end
+-- Users first (a script is not rolled back); a key no valid HyperLogLog fails PFADD: left as it
+-- is, unreadable, so the looks leave the user test out (a reset would under-count the arm).
+local users = i
+for _, width in ipairs({2, 2, 2, 2, 2, 2, 1, 1, 1}) do users = users + 1 + tonumber(ARGV[users]) * width end
+for k = 7, #KEYS do
+  local n = tonumber(ARGV[users])
+  for s = users + 1, users + n, 4000 do
+    local e = math.min(s + 3999, users + n)
+    redis.pcall('PFADD', KEYS[k], unpack(ARGV, s, e))
+  end
+  users = users + 1 + n
+end
 section(2, function(a, b) redis.call('HSET', KEYS[2], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('ZADD', KEYS[3], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('HSET', KEYS[4], unpack(ARGV, a, b)) end)
@@ -81,7 +93,6 @@ section(1, function(a, b)
 end)
 section(1, function(a, b) redis.call('HDEL', KEYS[4], unpack(ARGV, a, b)) end)
 section(1, function(a, b) redis.call('HDEL', KEYS[1], unpack(ARGV, a, b)) end)
-for k = 7, #KEYS do section(1, function(a, b) redis.call('PFADD', KEYS[k], unpack(ARGV, a, b)) end) end
 redis.call('HSET', KEYS[1], 'layout', ARGV[2])
 return 1
 """

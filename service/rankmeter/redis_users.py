@@ -29,7 +29,11 @@ def load(client: redis.Redis | RedisCluster, prefix: str, wanted: Mapping[int, l
         for p, names in wanted.items():
             for arm in names:
                 pipe.get(key(prefix, p, arm))
-        found = iter(pipe.execute(raise_on_error=False))
+        replies = pipe.execute(raise_on_error=False)
+    for reply in replies:  # a connection or cluster error fails the look (the next one retries)
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
+    found = iter(replies)
     # Another type's value (WRONGTYPE) is not a count: b"", which the look skips as unreadable.
     return {p: {arm: data if isinstance(data, bytes) else b"" for arm in names if (data := next(found)) is not None}
             for p, names in wanted.items()}

@@ -141,8 +141,18 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 buckets = [vectors[(r, segment)][:, -2] if (r, segment) in arms else np.zeros(clusters.BUCKETS)
                            for r in shares]
                 now = clusters.srm_query_share_p_value(buckets, list(shares.values()), min_queries=settings.min_queries)
-                counted = [users.get((r, segment)) for r in shares] if users else []
-                if any(c is not None for c in counted):
+                # (an arm without a count has no users yet; one mapped to None, a count
+                # unreadable or missing on a partition: no user test at this look)
+                empty = np.zeros(hll.REGISTERS, np.uint8)
+                counted = [users.get((r, segment), empty) for r in shares] if users else []
+                # Users tested or not, the query shares at α/2 (Bonferroni, `user_srm`): one
+                # split of α over every look of the phase.
+                if not counted or any(c is None for c in counted) or not any(c.any() for c in counted):
+                    now = min(1.0, 2.0 * now)
+                if any(c is None for c in counted):
+                    notes.append(f"distinct users of segment {segment or '-'} are not all readable at this look "
+                                 f"(rankmeter_store_unreadable_total): its sample-ratio check tests query shares only")
+                elif any(c.any() for c in counted):
                     now = user_srm(counted, list(shares.values()), now)
                 else:
                     notes.append(f"distinct users are not counted in segment {segment or '-'} (a phase begun "
@@ -153,7 +163,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
             p = min(before.p_value, now)
             kept[key] = _encode(before._replace(p_value=p))
             srm[segment] = p
-    counts = {arm: hll.count(r) for arm, r in (users or {}).items()}
+    counts = {arm: hll.count(r) for arm, r in (users or {}).items() if r is not None}
     views = [ArmView(r, s, a.queries, a.judged, counts.get((r, s)))
              for (r, s), a in sorted(arms.items())]
     return Look(experiment, baseline, views, comparisons, srm, notes=tuple(notes)), kept

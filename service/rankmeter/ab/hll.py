@@ -134,6 +134,8 @@ def parse(data: bytes) -> np.ndarray:
         return (bits @ (1 << np.arange(6))).astype(np.uint8)
     if data[4] != 1:
         raise ValueError(f"unknown HyperLogLog encoding {data[4]}")
+    if len(body) > REGISTERS:  # (at least one register an opcode: a longer one is no count, and slow to walk)
+        raise ValueError(f"a sparse HyperLogLog of {len(body)} bytes, more than {REGISTERS}")
     registers, i, at = np.zeros(REGISTERS, dtype=np.uint8), 0, 0
     raw = bytes(body)
     while i < len(raw):

@@ -31,24 +31,36 @@ def enrolled(ps: PartitionState, arm: str, record: QueryRecord) -> None:
 
 
 def arm_users(store: object, stored: Mapping[int, Mapping[str, bytes]], experiment: str,
-              unreadable: Unreadable) -> dict[Arm, np.ndarray] | None:
+              unreadable: Unreadable) -> dict[Arm, np.ndarray | None] | None:
     """Each arm's registers, merged over the partitions holding its sums; None when the
-    store does not count users (it has no `load_users`). A stored value that is not a
-    HyperLogLog is skipped (counted in `unreadable`)."""
+    store does not count users (it has no `load_users`). An arm whose count is unreadable
+    (counted in `unreadable`) or missing on a partition holding its sums maps to None: a
+    user's queries land on every partition, so a partial union would lose users and read
+    as a mismatch (kept for good by the running minimum). No count at all: {}."""
     load = getattr(store, "load_users", None)
     if load is None:
         return None
     wanted = {p: sorted({"\x1f".join(f.split("\x1f")[:3]) for f in fields if f.split("\x1f")[0] == experiment})
               for p, fields in stored.items()}
     out: dict[Arm, np.ndarray] = {}
-    for p, found in load({p: arms for p, arms in wanted.items() if arms}).items():
-        for arm, data in found.items():
+    incomplete: set[Arm] = set()
+    wanted = {p: arms for p, arms in wanted.items() if arms}
+    found_all = load(wanted)
+    for p, arms in wanted.items():
+        found = found_all.get(p, {})
+        for arm in arms:
+            _, ranker, segment = arm.split("\x1f")
+            if arm not in found:
+                incomplete.add((ranker, segment))
+                continue
             try:
-                registers = hll.parse(data)
+                registers = hll.parse(found[arm])
             except ValueError as e:
                 unreadable.skip("experiment", f"{{{p}}}:users", arm, str(e))
+                incomplete.add((ranker, segment))
                 continue
-            _, ranker, segment = arm.split("\x1f")
             merged = out.setdefault((ranker, segment), np.zeros(hll.REGISTERS, np.uint8))
             np.maximum(merged, registers, out=merged)
-    return out
+    if not out:  # no count at all: a phase begun before users were counted
+        return {}
+    return {**out, **{arm: None for arm in incomplete}}
