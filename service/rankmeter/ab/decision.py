@@ -4,20 +4,24 @@ is declared and the levels). In order:
 * `undeclared`: no `ab.primary`.
 * `invalid_srm`: the sample-ratio test rejects the split in the segment (running minimum
   below α): the arms are not what was planned, nothing else can be trusted.
-* `do_not_ship`: a primary worse (its sequence at α/(k + g) wholly on the bad side of 0) or
-  a guardrail failed (its sequence at α/(k + g) wholly below −margin).
-* `ship`: a primary better (its sequence at α/k wholly on the good side of 0) and every
-  guardrail holding (its sequence at α wholly above −margin).
+* `do_not_ship`: a primary worse (the upper end of its sequence at α/(k + g), oriented
+  better-up, below 0) or a guardrail failed (that upper end below −margin), whatever its
+  other sequence says and whether the intersection is empty or not.
+* `ship`: no `do_not_ship`, a primary better (its sequence at α/k wholly on the good side of
+  0) and every guardrail holding (its sequence at α wholly above −margin), none empty.
 * `keep_running`: anything else, a declared metric without statistics yet included
   (ab.min_queries, ab.mixture_after: it waits, like the rest of the experiment).
 
-Sticky by construction, not by memory: every sequence is a running intersection and the
-SRM p-value a running minimum, so a primary found better (worse), a guardrail found holding
-(failed) and a mismatch stay so. `do_not_ship` and `invalid_srm` are therefore final;
-`ship` can only turn into `do_not_ship` (another primary found worse later) or
-`invalid_srm`, which is new evidence and never adds a false ship. An empty intersection
-(lower above upper: the effect moved, or the model does not hold) makes no claim for
-that metric (`invalid`), and is shown as such.
+What stays, by construction rather than memory: every sequence is a running intersection,
+so its upper end only falls and its lower end only rises, and the SRM p-value is a running
+minimum. A primary *worse* or a guardrail *failed* is read first, on the stop-level
+sequence's upper end alone, empty or not (a treatment healthy, then broken, empties it), so
+it stays: `do_not_ship` is final, except that a later `invalid_srm` supersedes it (then
+nothing of the experiment is trusted, and the SRM alert fires); `invalid_srm` is final. An
+empty sequence otherwise (`invalid`: the effect moved, or the model does not hold) makes no
+claim for its metric, so `ship` is withdrawn to `keep_running` when a primary's ship-level
+or a guardrail's hold-level sequence empties, and turns into `do_not_ship` once a declared
+metric's stop-level upper end crosses to the bad side: new evidence, never a false ship.
 """
 
 from __future__ import annotations
@@ -46,13 +50,19 @@ def reason(d: Declared, c: Comparison | None, at: decl.Levels) -> Reason:
     lo, hi = _oriented(c.tests[good], d)
     s_lo, s_hi = _oriented(c.tests["stop"], d)
     against = "0" if d.role == "primary" else "-margin"
-    if lo > hi or s_lo > s_hi:
-        return Reason(d, "invalid", lo, hi, at.ship if good == "ship" else at.hold,
-                      "empty confidence sequence: the effect moved, or the model does not hold")
-    if s_hi < 0:
-        return Reason(d, "worse" if d.role == "primary" else "failed", s_lo, s_hi, at.stop,
-                      f"its sequence at {at.stop:.4g} lies wholly below {against}")
     level = at.ship if good == "ship" else at.hold
+    # First the stop level, empty or not: a running upper end is the least of every look's
+    # upper end, so "below" means some look's sequence at α/(k + g) lay wholly on the bad
+    # side, which a metric whose effect stays on the good side (of 0, of −margin) shows
+    # with probability ≤ α/(k + g). It only falls: worse (failed) is final, whatever the
+    # sequences do later (an emptied one included: healthy, then broken).
+    if s_hi < 0:
+        moved = " (and empty: the effect moved to the bad side)" if s_lo > s_hi else ""
+        return Reason(d, "worse" if d.role == "primary" else "failed", s_lo, s_hi, at.stop,
+                      f"its sequence at {at.stop:.4g} lies wholly below {against}{moved}")
+    if lo > hi or s_lo > s_hi:
+        return Reason(d, "invalid", lo, hi, level,
+                      "empty confidence sequence: the effect moved, or the model does not hold")
     if lo > 0:
         return Reason(d, "better" if d.role == "primary" else "holds", lo, hi, level,
                       f"its sequence at {level:.4g} lies wholly above {against}")
