@@ -20,7 +20,7 @@ rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED
 * `guardrail`: CTR down 25% against its 10% margin, the primaries unchanged: the share
   reaching `do_not_ship` (`false_ship` counts a ship, which would be wrong here).
 * The boundaries, where each error rate is largest: `boundary_ship`, the primaries improved
-  by 0.1 sd and CTR exactly 10% down (its margin), to 3 × --queries: a `ship` is a false
+  by 0.1 sd and CTR exactly 10% down (its margin), to 2 × --queries: a `ship` is a false
   ship of the intersection-union test (CTR is not shown non-inferior), a `do_not_ship` a
   false stop (nothing is worse than its margin); `boundary_stop`: the primaries unchanged
   and every guardrail exactly at its margin (CTR ×0.9, Abandonment +0.04, FirstClickRank
@@ -141,13 +141,13 @@ def experiment(rng: np.random.Generator, queries: int, config: Config) -> tuple[
     return np.cumsum(out, axis=0), (np.arange(looks) + 1) * BATCH
 
 
-def run(name: str, experiments: int, queries: int, seed: int) -> dict:
+def run(name: str, experiments: int, queries: int, seed: int, first: int = 0) -> dict:
     config = CONFIGS[name]
     share, by_user = config.share, config.by_user
     settings = AB(baseline="base", unit="user" if by_user else "query", split={"base": 1 - share, "new": share},
                   alpha=ALPHA, primary=PRIMARY, guardrails=RARE_GUARDRAILS if config.rare else GUARDRAILS)
     ships, stops, first_ship = 0, 0, []
-    for e in range(experiments):
+    for e in range(first, first + experiments):   # (experiment e's data is the same in any run)
         rng = np.random.default_rng([seed, list(CONFIGS).index(name), e])
         cum, n = experiment(rng, queries, config)
         running: dict[str, str] = {}
@@ -167,8 +167,8 @@ def run(name: str, experiments: int, queries: int, seed: int) -> dict:
                 break
         ships += shipped
         stops += stopped
-        if (e + 1) % 50 == 0:
-            print(f"  {name}: {e + 1}/{experiments}", file=sys.stderr)
+        if (e + 1 - first) % 50 == 0:
+            print(f"  {name}: {e + 1 - first}/{experiments}", file=sys.stderr)
     return {"ships": ships, "stops": stops, "first_ship": first_ship, "experiments": experiments}
 
 
@@ -197,12 +197,14 @@ def main() -> None:
     parser.add_argument("--config", default="all", help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--power-experiments", type=int, default=250, help="for power and guardrail")
     parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--first", type=int, default=0, help="the first experiment's index (to split a run over cores)")
     args = parser.parse_args()
     names = list(CONFIGS) if args.config == "all" else args.config.split(",")
     for name in names:
         started = time.monotonic()
-        queries = args.queries * (3 if name in ("power", "boundary_ship") else 1)
-        r = run(name, args.power_experiments if name in ("power", "guardrail") else args.experiments, queries, args.seed)
+        queries = args.queries * {"power": 3, "boundary_ship": 2}.get(name, 1)
+        r = run(name, args.power_experiments if name in ("power", "guardrail") else args.experiments, queries, args.seed,
+                args.first)
         print(line(name, r, queries), flush=True)
         print(f"  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
 
