@@ -170,8 +170,19 @@ def ab() -> dict:
     zero_line = {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "text", "value": 0}]}
     alpha_line = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "transparent", "value": 0.05}]}
     srm_steps = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 0.05}]}
+    decision_colors = [{"matcher": {"id": "byRegexp", "options": f".*: {name}$"},
+                        "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+                       for name, color in (("ship", "green"), ("do_not_ship", "red"), ("keep_running", "blue"),
+                                           ("invalid_srm", "orange"), ("undeclared", "gray"))]
+    decision = ('max by (treatment, segment, decision) (rankmeter_ab_decision{treatment=~"$challenger", '
+                'segment=~"$segment"}) == 1')
     how_to_read = (
         "### How to read this experiment\n\n"
+        "**The decision** (top) is the one to act on: `ship` once a declared primary metric is better and "
+        "every guardrail is shown within its margin, `do_not_ship` once a primary is worse or a guardrail "
+        "beyond its margin, else `keep_running` (`ab.primary`, `ab.guardrails`; error rates at most α "
+        "across the declared metrics). Every other comparison below is *exploratory* (`role` label): "
+        "with 18 of them, some A/A difference looks significant far more often than α.\n\n"
         "Every impression of each arm counts from the moment the experiment started; the statistics are "
         "**cumulative** and **always valid** (mSPRT, α = 0.05): the p-value and the confidence sequence stay "
         "correct however often you look, so watching this board continuously and stopping as soon as it is "
@@ -196,9 +207,17 @@ def ab() -> dict:
         [
             panel("How to read this board", [], 0, 0, 24, 9, kind="text",
                   options={"mode": "markdown", "content": how_to_read}),
+            panel("Decision per treatment and segment (ab.primary, ab.guardrails)",
+                  [(decision, "{{treatment}} {{segment}}: {{decision}}")], 0, 9, 24, 4, kind="stat",
+                  description="The declared decision: ship, do_not_ship, keep_running, invalid_srm (the sample "
+                              "ratio test rejects the split) or undeclared (no ab.primary). `rankmeter report --ab` "
+                              "shows each declared metric's interval, margin and why.",
+                  fieldConfig={"defaults": {"unit": "none"}, "overrides": decision_colors},
+                  options={"colorMode": "background", "graphMode": "none", "textMode": "name",
+                           "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
             panel("Sample ratio mismatch (SRM): experiment invalid while below α = 0.05",
                   [(ab_series("ab_srm_p_value", "segment", segment='=~"$segment"'), "SRM p {{segment}}")],
-                  0, 9, 8, 7, kind="stat",
+                  0, 13, 8, 7, kind="stat",
                   description="Always-valid p-value of the arms' query counts against ab.split (sequential "
                               "multinomial test, running minimum). Red (below α): the traffic split is not the "
                               "configured one, and the experiment cannot be trusted until the cause is fixed and it "
@@ -208,15 +227,15 @@ def ab() -> dict:
                                "overrides": []},
                   options={"colorMode": "background", "graphMode": "area", "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
             panel("Queries per arm since the experiment started",
-                  [(ab_series("ab_queries", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 8, 9, 8, 7,
+                  [(ab_series("ab_queries", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 8, 13, 8, 7,
                   unit="short", description="Cumulative, from the experiment's start: the arm sizes behind every "
                                             "statistic (none is shown before each arm has ab.min_queries, nor before ab.mixture_after)."),
             panel("Judged share per arm",
-                  [(ab_series("ab_judged_share", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 16, 9, 8, 7,
+                  [(ab_series("ab_judged_share", "ranker, segment", **arms), "{{ranker}} {{segment}}")], 16, 13, 8, 7,
                   unit="percentunit", description="Share of each arm's queries with a relevant document known. "
                                                   "Unjudged queries count 0 in the A/B quality measures."),
             panel("$metric: Δ ($challenger − $baseline) with its always-valid 95% confidence sequence", band,
-                  0, 16, 12, 9, repeat="metric", repeatDirection="h", maxPerRow=2,
+                  0, 20, 12, 9, repeat="metric", repeatDirection="h", maxPerRow=2,
                   description="Treatment minus baseline, cumulative since the start; dashed: the confidence sequence "
                               "(valid at every look). Above 0 = treatment higher; lower is better for Abandonment "
                               "and FirstClickRank.",
@@ -225,7 +244,7 @@ def ab() -> dict:
                                "overrides": [dashed]}),
             panel("Always-valid p-value per treatment and measure (α = 0.05 line)",
                   [(ab_series("ab_p_value", "metric, ranker, segment", metric='=~"$metric"', **comparison),
-                    "{{ranker}} {{segment}} {{metric}}")], 0, 25, 24, 9,
+                    "{{ranker}} {{segment}} {{metric}}")], 0, 29, 24, 9,
                   description="mSPRT p-value for Δ ≠ 0, a running minimum: below the red line the difference is "
                               "significant, and it stays valid however often it is read. Read the direction from Δ.",
                   fieldConfig={"defaults": {"unit": "none", "max": 1, "thresholds": alpha_line,
@@ -234,7 +253,7 @@ def ab() -> dict:
                                "overrides": []}),
             panel("Relative Δ per treatment and measure",
                   [(ab_series("ab_relative_delta", "metric, ranker, segment", metric='=~"$metric"', **comparison),
-                    "{{ranker}} {{segment}} {{metric}}")], 0, 34, 24, 8, unit="percentunit",
+                    "{{ranker}} {{segment}} {{metric}}")], 0, 38, 24, 8, unit="percentunit",
                   description="Δ relative to the baseline's value (lower is better for Abandonment and "
                               "FirstClickRank)."),
         ],

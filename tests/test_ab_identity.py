@@ -13,7 +13,7 @@ import pytest
 from rankmeter import config
 from rankmeter.ab import identity
 from rankmeter.ab import report as ab_report
-from rankmeter.ab.stats import INTERLEAVING_TAU2, MeanSums, unit_variance
+from rankmeter.ab.stats import INTERLEAVING_TAU2, MeanSums, Running, msprt, unit_variance
 from rankmeter.engine import online
 from rankmeter.exporter import Exporter
 from rankmeter.pipeline import Pipeline, layouts
@@ -289,3 +289,40 @@ def test_a_tau2_per_metric_is_fixed_only_once_the_first_queries_have_their_click
     # A configured τ² is no estimate: it is tested from the first look.
     configured = settings_with(RANKMETER_AB_MIXTURE_AFTER="", RANKMETER_AB_MIXTURE_VARIANCE="1e-4")
     assert {c.tau2 for c in reader(configured, store).ab_look(save=False).comparisons} == {1e-4}
+
+
+DECLARED = {"RANKMETER_AB_PRIMARY": "nDCG@10 increase,AP increase", "RANKMETER_AB_GUARDRAILS": "P@10 0.05"}
+
+
+def test_a_declaration_changed_between_looks_is_a_new_experiment_with_fresh_records():
+    """Review F4: a primary dropped after a look at the data (its α/k doubles) on the same
+    stream. Before, the name stayed and the new levels' records were fitted to the whole
+    experiment's sums, with no note."""
+    settings, events, _, store, bus, first = an_experiment(3, 300, partitions=1, **DECLARED)
+    feed(first, bus, events[:200])
+    before = first.ab_look()
+    assert before.notes == () and [d.decision for d in before.decisions] == ["keep_running"]
+    old_records = {k: dict(v) for k, v in store.running.items() if k.startswith(before.experiment + "|")}
+    [old_records] = old_records.values()
+    # Written another way, the same declaration is the same experiment.
+    same = settings_with(**{**DECLARED, "RANKMETER_AB_PRIMARY": "AP macro increase, nDCG@10 increase"})
+    assert reader(same, store).experiments.name == before.experiment
+
+    redeclared = settings_with(**{**DECLARED, "RANKMETER_AB_PRIMARY": "AP increase"})
+    second = started(redeclared, store, bus)
+    feed(second, bus, events[200:])
+    look = second.ab_look()
+    measures_tag = before.experiment.rsplit("+", 1)[0]
+    assert look.experiment != before.experiment and look.experiment.startswith(measures_tag + "+")
+    assert queries(look) == shown(events[200:], START_MS) < shown(events, START_MS)   # fresh sums
+    [note] = look.notes
+    assert "the declared decision changed" in note and f"note: {note}" in ab_report.table(look, 0.05)
+    # No record of the first declaration is carried: the new experiment's sequences are one
+    # look's, at its own levels (AP alone: α/k = 0.05), and the old records are untouched.
+    state = {n: next(k for k in store.running if k.startswith(n + "|")) for n in (before.experiment, look.experiment)}
+    assert store.running[state[before.experiment]] == old_records
+    ap = next(c for c in look.comparisons if (c.metric, c.average) == ("AP", "macro"))
+    assert ap.tests["ship"] == Running(*msprt(ap.estimate, ap.tau2, 0.05))
+    assert not any("nDCG@10" in field and "\x1fship\x1f" in field for field in store.running[state[look.experiment]])
+    # Undeclared, the name is the one it had before declarations existed (no "+…").
+    assert reader(settings_with(), store).experiments.name == measures_tag

@@ -172,6 +172,6 @@ def test_ab_dashboard_reads_the_always_valid_statistics():
     board = dashboards()["rankmeter-ab"]
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     assert not any("rankmeter_quality" in e or "1.96" in e for e in exprs)
-    for name in ("delta", "ci_lower", "ci_upper", "p_value", "queries", "judged_share", "srm_p_value"):
+    for name in ("delta", "ci_lower", "ci_upper", "p_value", "queries", "judged_share", "srm_p_value", "decision"):
         assert any(f"rankmeter_ab_{name}{{" in e for e in exprs), name
     assert any(p["type"] == "text" for p in board["panels"])

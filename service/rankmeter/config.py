@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from rankmeter.engine import parse_all
+from rankmeter.ab import declared
+from rankmeter.engine import ONLINE_SIGNALS, parse_all
 from rankmeter.environment import coerce, overrides
 
 
@@ -124,6 +125,9 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     start: str = ""             # epoch ms or RFC 3339: when traffic started going to the treatments
     split_since: str = ""       # when the current split took effect (a ramp: a new phase); empty: start
     interleaving_start: str = ""  # interleaved impressions before it are not counted; part of their identity
+    # The declared decision (ab/declared.py): "nDCG@10 increase"; guardrails "Abandonment 0.01", "CTR micro 2%".
+    primary: list[str] = []
+    guardrails: list[str] = []
 
 
 class Alerts(msgspec.Struct, forbid_unknown_fields=True):
@@ -319,6 +323,12 @@ def _check(s: Settings) -> None:
                         "(each user's queries to one arm, by client_id)")
     for name in ("start", "split_since", "interleaving_start"):
         _check_time(f"ab.{name}", getattr(s.ab, name), fail)
+    try:
+        known = frozenset(str(m) for m in parse_all(s.evaluation.measures)) | frozenset(ONLINE_SIGNALS)
+        declared.parse(s.ab.primary, s.ab.guardrails, known)
+    except ValueError as e:
+        setting, _, problem = str(e).partition(": ")
+        fail(setting, problem)
     if s.ab.split_since and (not s.ab.start or time_ms(s.ab.split_since) < time_ms(s.ab.start)):
         fail("ab.split_since", "needs ab.start, and must not be before it")
     try:

@@ -22,11 +22,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.ab import clusters, hll
+from rankmeter.ab import clusters, declared, hll
 from rankmeter.ab import sums as ab_sums
+from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, MeanSums, RatioSums, Running, Sequential,
+                                mean_difference, msprt, preference, ratio_difference, srm_p_value, unit_variance,
+                                update)
 from rankmeter.ab.users import srm_users_p_value
-from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference, msprt,
-                                preference, ratio_difference, srm_p_value, unit_variance, update)
 from rankmeter.config import AB
 
 
@@ -38,6 +39,8 @@ class Comparison(NamedTuple):
     estimate: Estimate
     running: Running      # always-valid p and confidence sequence, as of this look
     tau2: float = math.nan  # the mixture variance it is tested with, fixed at its first look
+    # A declared metric's running sequences at the decision's levels (ab/declared.py `tests`), by name.
+    tests: Mapping[str, Running] = {}
 
 
 class ArmView(NamedTuple):
@@ -58,6 +61,7 @@ class Look(NamedTuple):
     since_ms: int = 0
     unit: str = "query"    # ab.unit
     notes: tuple[str, ...] = ()  # what the reader must know (measures not compared, a split changed in place)
+    decisions: tuple[declared.Decision, ...] = ()  # per treatment and segment (ab/decision.py)
 
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
@@ -79,6 +83,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
     columns = {n: c for c, n in enumerate(names) if n is not None}
     kept: dict[str, str] = {}
     comparisons = []
+    decided = declared.tests(declared.parse(settings.primary, settings.guardrails), settings.alpha)
     for (ranker, segment), arm in sorted(arms.items()):
         control = arms.get((baseline, segment))
         if ranker == baseline or control is None:
@@ -96,9 +101,14 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     y_b, n_b = ab_sums.bucket_sums(vectors[(baseline, segment)], columns[metric], average)
                     if min(np.count_nonzero(n_t), np.count_nonzero(n_b)) < clusters.MIN_BUCKETS:
                         continue  # too few users for a cluster-robust variance
-                    estimate = clusters.bucket_difference(y_t, n_t, y_b, n_b)
+
+                    def difference(s: float) -> Estimate:  # treatment − s·baseline
+                        return clusters.bucket_difference(y_t, n_t, s * y_b, n_b)
                 else:
-                    estimate = mean_difference(t, c) if average == "macro" else ratio_difference(t, c)
+                    def difference(s: float) -> Estimate:
+                        return (mean_difference(t, _scaled(c, s)) if average == "macro" else
+                                ratio_difference(t, _scaled(c, s)))
+                estimate = difference(1.0)
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
                     continue
                 key = "\x1f".join((metric, ranker, segment, average))
@@ -111,7 +121,13 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     continue  # no variance yet (a rare event not seen): not fixed, not tested
                 now = update(before, msprt(estimate, tau2, settings.alpha))
                 kept[key] = _encode(now, tau2)
-                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2))
+                tests = {}
+                for test, (level, s) in decided.get((metric, average), {}).items():
+                    field = f"{key}\x1f{test}\x1f{level!r}\x1f{s!r}"  # another level or margin: another record
+                    tests[test] = update(_decode(running.get(field)),
+                                         msprt(estimate if s == 1.0 else difference(s), tau2, level))
+                    kept[field] = _encode(tests[test], tau2)
+                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2, tests))
     srm, notes = {}, []
     if settings.split:
         shares = settings.split
@@ -165,6 +181,13 @@ def user_srm(registers: list[np.ndarray | None], split: list[float], query_share
     users = [hll.count(r) for r in regs]
     rest = [hll.count(np.max([r for j, r in enumerate(regs) if j != i] or [empty], axis=0)) for i in range(len(regs))]
     return min(1.0, 2.0 * min(srm_users_p_value(users, rest, split), query_share_p))
+
+
+def _scaled(a: MeanSums | RatioSums, s: float) -> MeanSums | RatioSums:
+    """An arm's sums with every value (numerator) times s: T − s·B is then a difference."""
+    if isinstance(a, MeanSums):
+        return MeanSums(a.n, s * a.sum_x, s * s * a.sum_x2)
+    return RatioSums(a.n, s * a.sum_y, a.sum_z, s * s * a.sum_y2, a.sum_z2, s * a.sum_yz)
 
 
 class Preference(NamedTuple):

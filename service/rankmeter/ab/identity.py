@@ -3,9 +3,17 @@
 An experiment is one phase of a comparison: its baseline, its start, the split of the
 phase and when that split took effect (a ramp from 50/50 to 90/10 is a new phase, a new
 experiment: never one estimate pooled over two splits), and the configured measures it
-compares with what their values depend on (grading):
+compares with what their values depend on (grading), and its declared decision
+(`ab.primary`, `ab.guardrails`, `ab.alpha`: ab/declared.py) when there is one:
 
-    name = baseline@start@since@split@unit@measures-hash
+    name = baseline@start@since@split@unit@measures-hash[+declaration-hash]
+
+The declaration is part of it because its error rates hold for one declaration fixed
+before the data: a primary chosen after a look at the exploratory series, or a dropped
+guardrail (which raises α/k and α/(k + g)), starts a new experiment, whose sums, running
+sequences and decision count only the impressions enrolled from the change on (the
+earlier experiment stays stored as it was; the report notes the change). An undeclared
+experiment's name has no declaration hash, as before declarations existed.
 
 The online signals (CTR, Clicks, ...) are left out of the name: a release may add one,
 and that must not restart a running experiment. Which measures an experiment's stored
@@ -21,6 +29,7 @@ import json
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from rankmeter.ab import declared as decl
 from rankmeter.config import AB, time_ms
 from rankmeter.windows import Layout
 
@@ -40,6 +49,7 @@ class Phase(NamedTuple):
     since_ms: int    # impressions from here on are enrolled: ab.split_since, else ab.start
     split: str       # split_text
     unit: str        # ab.unit: query or user (its sums are kept per user bucket)
+    declaration: str = ""  # declaration_text; empty when undeclared
 
     @property
     def prefix(self) -> str:
@@ -49,6 +59,8 @@ class Phase(NamedTuple):
     def name(self, layout: Layout) -> str:
         measures = sorted(i for i in layout.ids if "#" in i) + [layout.judged_id]
         tag = hashlib.sha256(json.dumps(measures).encode()).hexdigest()[:8]
+        if self.declaration:
+            tag += "+" + hashlib.sha256(self.declaration.encode()).hexdigest()[:8]
         return f"{self.prefix}{self.split}@{self.unit}@{tag}"
 
 
@@ -58,7 +70,19 @@ def phase(settings: AB) -> Phase | None:
         return None
     start = time_ms(settings.start)
     since = time_ms(settings.split_since) if settings.split_since else start
-    return Phase(settings.baseline, start, max(start, since), split_text(settings.split), settings.unit or "query")
+    return Phase(settings.baseline, start, max(start, since), split_text(settings.split), settings.unit or "query",
+                 declaration_text(settings))
+
+
+def declaration_text(settings: AB) -> str:
+    """The declared decision's canonical text: its metrics as parsed (how each is written,
+    and their order, do not matter) and α; empty without `ab.primary`."""
+    declared = decl.parse(settings.primary, settings.guardrails)
+    if not declared:
+        return ""
+    entries = sorted(f"{d.role} {d.metric} {d.average} {d.better:+d} {d.margin!r}{'%' if d.relative else ''}"
+                     for d in declared)
+    return json.dumps({"alpha": settings.alpha, "declared": entries})
 
 
 def definition(layout: Layout) -> list[str]:

@@ -23,10 +23,9 @@ import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from rankmeter.ab.declared import LOWER_IS_BETTER
 from rankmeter.ab.experiment import Comparison, Look
 from rankmeter.unreadable import Unreadable
-
-LOWER_IS_BETTER = frozenset({"Abandonment", "FirstClickRank"})
 
 
 def verdict(c: Comparison, look: Look, alpha: float) -> str:
@@ -65,7 +64,34 @@ def table(look: Look, alpha: float, average: str = "macro") -> str:
     if not look.comparisons:
         lines.append("(no statistics yet: each arm needs ab.min_queries queries, 30 users by user, and a "
                      "metric's mixture variance is fixed ab.mixture_after past the phase's start)")
-    return "\n".join(lines)
+    return "\n".join(lines + decision_lines(look))
+
+
+def decision_lines(look: Look) -> list[str]:
+    """The declared decision per treatment and segment, and per declared metric its role,
+    the sequence it is decided on (oriented: better is up; an absolute margin added, so
+    the claim is its side of 0), the margin and why."""
+    lines = ["", "decision (ab.primary, ab.guardrails; the per-metric verdicts above are exploratory):"]
+    for d in look.decisions:
+        lines.append(f"{d.treatment:<18}{d.segment or '-':<10}{d.decision.upper()}")
+        for r in d.reasons:
+            x = r.declared
+            cs = f"[{r.lower:+.4f}, {r.upper:+.4f}]" if math.isfinite(r.level) else "-"
+            level = f"{r.level:.4g}" if math.isfinite(r.level) else "-"
+            lines.append(f"  {x.role:<10}{x.metric:<16}{x.average:<7}{'better: ' + ('up' if x.better > 0 else 'down'):<13}"
+                         f"margin {x.margin_text:<8}{cs:>22} at {level:<8}{r.outcome:<13}{r.why}")
+    if not look.decisions:
+        lines.append("(no treatment arm yet)")
+    return lines
+
+
+def decisions_json(look: Look) -> list[dict]:
+    return [{"treatment": d.treatment, "segment": d.segment, "decision": d.decision,
+             "reasons": [{"metric": r.declared.metric, "average": r.declared.average, "role": r.declared.role,
+                          "better": "increase" if r.declared.better > 0 else "decrease",
+                          "margin": r.declared.margin_text, "outcome": r.outcome, "lower": r.lower, "upper": r.upper,
+                          "level": r.level, "why": r.why} for r in d.reasons]}
+            for d in look.decisions]
 
 
 def snapshot(look: Look, at_ms: int) -> str:

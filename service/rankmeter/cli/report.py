@@ -71,8 +71,10 @@ def _report_ab(args: argparse.Namespace, settings, pipeline, store) -> int:
                           "since_ms": look.since_ms, "notes": list(look.notes), "srm": look.srm,
                           "arms": [a._asdict() for a in look.arms],
                           "comparisons": [{**c._asdict(), "estimate": c.estimate._asdict(),
-                                           "running": c.running._asdict(), "verdict": report.verdict(c, look, alpha)}
-                                          for c in look.comparisons]}, indent=1))
+                                           "running": c.running._asdict(), "verdict": report.verdict(c, look, alpha),
+                                           "tests": {k: r._asdict() for k, r in c.tests.items()}}
+                                          for c in look.comparisons],
+                          "decisions": report.decisions_json(look)}, indent=1))
     else:
         print(report.table(look, alpha))
     if args.html:

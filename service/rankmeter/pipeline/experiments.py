@@ -13,6 +13,7 @@ import numpy as np
 from rankmeter.ab import clusters
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
+from rankmeter.ab.decision import decide
 from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.ab.stats import INTERLEAVING_TAU2
@@ -272,7 +273,7 @@ class Experiments:
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
         notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ())
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
-                                 unit=phase.phase.unit)
+                                 unit=phase.phase.unit, decisions=decide(result, a))
         if notes != self._notes:
             for note in notes:
                 log.warning(note, extra={"experiment": experiment})

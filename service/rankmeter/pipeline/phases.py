@@ -60,7 +60,7 @@ class Phase:
         """What a reader of this experiment's results must know: measures of this
         configuration the experiment does not hold, measures it holds this configuration
         does not compute, and stored experiments of the same phase start under another
-        split (ab.split changed without ab.split_since)."""
+        split (ab.split changed without ab.split_since), unit or declared decision."""
         if self.phase is None or self.name is None:
             return ()
         out = []
@@ -80,6 +80,13 @@ class Phase:
             out.append("ab.split changed without a new ab.split_since: impressions applied since are "
                        "enrolled by when they were read, not when they were shown (set ab.split_since "
                        f"to the time the split took effect); other splits stored: {len(others)}")
+        mine = self.name.rsplit("@", 1)[1].split("+")[0]
+        declarations = {tag for split, unit, tag in same_start if split == self.phase.split
+                        and unit == self.phase.unit and tag.split("+")[0] == mine}
+        if declarations:
+            out.append("the declared decision changed (ab.primary, ab.guardrails or ab.alpha): a new experiment, "
+                       "whose statistics and decision count only impressions enrolled since; the earlier "
+                       f"declaration's stays stored (other declarations of this phase: {len(declarations)})")
         units = sorted({unit for split, unit, _ in same_start if split == self.phase.split and unit != self.phase.unit})
         if units:
             out.append(f"the same phase is stored with ab.unit {', '.join(units)} too: another replica or an "
