@@ -13,12 +13,12 @@ Per backend, a `rankmeter serve` process on fresh 4-partition topics:
    what serve consumes meanwhile is its live maximum. Then it catches up (lag 0).
 2. **Freshness** at 5,000 events/s and at 80% of the live maximum, `--seconds` each: a
    background producer (confluent-kafka, paced every 10 ms) sends the same mix, and every
-   0.5 s a probe impression (ranker `probe`, a new query) is produced and acknowledged;
-   /metrics is then scraped (every 20 ms, or a tenth of the wait so far when that is
-   longer, at most 0.25 s) until `rankmeter_queries{ranker="probe",window="5m",
-   population="all"}` counts it. Delay = first scrape showing it − the moment before the
-   probe was produced (one clock: this process's). p50 and p99 of the probes (with 50
-   probes the p99 is the largest); the resolution is the poll interval.
+   50 ms a probe impression (ranker `probe`, a new query) is produced, all to partition 0
+   (so they become visible in the order sent); /metrics is scraped every 30 ms and
+   `rankmeter_queries{ranker="probe",window="5m",population="all"}` says how many are
+   counted. Delay = first scrape counting a probe − the moment before it was produced (one
+   clock: this process's). p50 and p99 of the probes, 500 a level at the default 25 s
+   (issue 24: a p99 over 50 probes is their maximum); the resolution is the poll interval.
 3. **Redis bytes per open query** at the end of the 5,000/s phase: `MEMORY USAGE` (exact:
    SAMPLES 0) of every key under this run's prefix, over `rankmeter_open_queries`; and the
    growth of Redis's `used_memory` since before the run over the same count (the Redis is
@@ -52,8 +52,8 @@ from serving import Serve, unique_topics  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from summary import save  # noqa: E402  (bench/results/freshness.json for bench/summary.py)
 
-PROBE_EVERY_S = 0.5
-POLL_S = 0.02
+PROBE_EVERY_S = 0.05  # 500 probes in 25 s: a p99 over 50 would be the largest
+POLL_S = 0.03
 QUERIES = re.compile(rb'^rankmeter_queries\{([^}]*)\} (\S+)$', re.M)
 PROBE_LABELS = {b'ranker="probe"', b'window="5m"', b'population="all"'}
 
@@ -158,7 +158,7 @@ def redis_counters(client: redis.Redis) -> tuple[float, int, int]:
 
 def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float, seconds: float, tag: str,
               probes_sent: list[int], probing: bool = True) -> dict[str, float]:
-    """`rate` events/s for `seconds` (after 2 s to settle), with a probe every 0.5 s unless
+    """`rate` events/s for `seconds` (after 2 s to settle), with a probe every 50 ms unless
     not `probing`; what was consumed and what it cost."""
     from confluent_kafka import Producer
 
@@ -171,21 +171,29 @@ def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float,
     delays, scrapes, started = [], [], time.perf_counter()
     while not probing and time.perf_counter() - started < seconds:
         time.sleep(0.1)
-    while probing and time.perf_counter() - started < seconds:
-        tick = time.perf_counter()
-        qid = f"probe-{uuid.uuid4().hex[:8]}"
-        sent_at = time.perf_counter()
-        probe.produce(topics.impressions, ('{"query_id":"%s","ranker":"probe","timestamp":%d,"results":["a","b"]}'
-                                           % (qid, int(time.time() * 1000))).encode(), qid.encode())
-        probe.flush(10)
-        probes_sent[0] += 1
-        while probe_count(serve.port, scrapes) < probes_sent[0] and time.perf_counter() - sent_at < 30:
-            # Every 20 ms at first, then every tenth of the wait so far (at most 0.25 s): a
-            # scrape costs serve a few ms of its one core, and polling a process that is
-            # behind every 20 ms would keep it behind.
-            time.sleep(min(max(POLL_S, 0.1 * (time.perf_counter() - sent_at)), 0.25))
-        delays.append(time.perf_counter() - sent_at)  # 30 s: not visible by then (serve is behind)
-        time.sleep(max(0.0, PROBE_EVERY_S - (time.perf_counter() - tick)))
+    sent: list[float] = []  # when each probe of this phase was produced
+    counted_before = probes_sent[0]
+    while probing:
+        now = time.perf_counter()
+        if now - started < seconds and now >= started + len(sent) * PROBE_EVERY_S:
+            qid = f"probe-{uuid.uuid4().hex[:8]}"
+            sent.append(time.perf_counter())
+            # All on partition 0, so they become visible in the order sent: the count on
+            # /metrics says which have (serve applies a partition's records in order).
+            probe.produce(topics.impressions, ('{"query_id":"%s","ranker":"probe","timestamp":%d,"results":["a","b"]}'
+                                               % (qid, int(time.time() * 1000))).encode(), qid.encode(), partition=0)
+            probe.poll(0)
+            probes_sent[0] += 1
+        visible = int(probe_count(serve.port, scrapes)) - counted_before
+        while len(delays) < min(visible, len(sent)):
+            delays.append(time.perf_counter() - sent[len(delays)])
+        if len(delays) == len(sent) and now - started >= seconds:
+            break
+        if len(delays) < len(sent) and time.perf_counter() - sent[len(delays)] > 30:  # not visible by then: serve is behind
+            delays += [30.0] * (len(sent) - len(delays))
+            break
+        time.sleep(POLL_S)
+    probe.flush(10)
     consumed = events_total(serve) - consumed_before
     serve_cpu = cpu_seconds(serve.process.pid) - cpu_before
     redis_cpu, commands, received = (b - a for a, b in zip(redis_before, redis_counters(client)))
@@ -302,6 +310,7 @@ def main() -> int:
             "catching_up": r["max"], "live_max": r["live_max"], "rate_80pct": r["80pct"]["rate"],
             "p50_ms_at_5000": r["5000"]["p50"] * 1000, "p99_ms_at_5000": r["5000"]["p99"] * 1000,
             "p50_ms_at_80pct": r["80pct"]["p50"] * 1000, "p99_ms_at_80pct": r["80pct"]["p99"] * 1000,
+            "probes_at_5000": r["5000"]["probes"], "probes_at_80pct": r["80pct"]["probes"],
             "consumed_per_s_at_80pct": r["80pct"]["consumed_per_s"],
             "redis_bytes_per_open_query": r["bytes_per_open_query"],
             "used_memory_per_open_query": r["used_memory_per_open_query"], "open_queries": r["open_queries"],
