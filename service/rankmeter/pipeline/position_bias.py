@@ -17,7 +17,7 @@ from rankmeter.debias.tables import ModelTables, decide, upgrade, vector_size
 from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
-from rankmeter.store import Store
+from rankmeter.store import PartitionCheckpoint, Store
 
 
 class PositionBias:
@@ -69,10 +69,23 @@ class PositionBias:
         """Weigh the ideals anew, with the harvest since the last look."""
         self._ideals = {}
 
+    def harvest_into(self, due: Mapping[int, list[str]], payloads: Mapping[int, PartitionCheckpoint]) -> None:
+        """`harvest`, as the batch's checkpoint is sent (`Checkpoint.send`, before the commit):
+        the pair sums it moves go into that checkpoint's `payloads` (built, not yet sent).
+        In serve this runs on the checkpoint's thread while the next batch is read, off the
+        consuming thread's path; the next batch is applied (and weighs with these tables)
+        only once it is done."""
+        self.harvest(due)
+        for p in due:
+            ps = self.held.get(p)
+            if ps is not None and p in payloads and PAIRS in ps.dirty_ab:
+                payloads[p].ab[PAIRS] = ps.ab[PAIRS].tobytes()
+                ps.dirty_ab.discard(PAIRS)
+
     def harvest(self, due: Mapping[int, list[str]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
         position-bias harvest, once each (`debias.propensity`); what they add to the pair
-        sums goes to their partition's, stored with its next checkpoint."""
+        sums goes to their partition's, stored with its checkpoint (`harvest_into`)."""
         if not self.measures:
             return
         for p, qids in due.items():
