@@ -12,11 +12,15 @@ with `kafka.backend` kafka-python and confluent, two kafka-python replicas, and 
 Streams peer (bench/quix_peer.py: the per-query join and nDCG@10 in its RocksDB state;
 measured when quixstreams is installed, `.venv/bin/pip install quixstreams`). Each rate is
 counted from the first record to the last; the ratios of the medians are the figures to
-report, as the machine is shared and absolute rates drift.
+report, as the machine is shared and absolute rates drift. Beside each serve rate, the
+serve processes' CPU µs per event over the same span (/proc utime + stime), and the
+pipeline alone's (its process's CPU time over its batches): the cost that survives a
+noisy machine (issue 24).
 
 `--baseline DIR` (the `service/` directory of another checkout, e.g. a `git worktree` of
 main) also runs serve on both backends and the pipeline alone with that code, in the same
-rounds: a change's before and after, as ratios of one run.
+rounds: a change's before and after, as ratios of one run. `--confluent-only`: serve on
+the confluent backend only (and the bare consumers, the pipeline alone): quicker, not saved.
 """
 
 from __future__ import annotations
