@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rankmeter import config
-from rankmeter.ab import clusters
+from rankmeter.ab import clusters, hll
+from rankmeter.ab.users import srm_users_p_value
 from rankmeter.events import Decoder, Rejected
 from rankmeter.events.rules import MAX_ID
 from rankmeter.source import Bus
@@ -69,8 +70,10 @@ def test_a_comparison_by_user_waits_for_enough_users_in_each_arm(per_user, compa
 def test_a_client_id_of_any_length_is_kept_as_its_bucket_and_none_is_no_user():
     # The id is hashed and dropped (never a key, label or log): a long one (a JWT, 800
     # characters) must not cost the impression, as a limit did for every configuration.
-    decoder = Decoder(config.load(None, {}))
+    decoder = Decoder(config.load(None, {"RANKMETER_AB_UNIT": "user"}))
     event = {"query_id": "q", "ranker": "a", "timestamp": NOW_MS, "results": ["d"]}
+    assert Decoder(config.load(None, {})).impression(json.dumps({**event, "client_id": "u"}).encode(),
+                                                     NOW_MS).user_bucket == -1  # not by user: no hash
     for client in ("u42", "u" * (MAX_ID + 1), "e" * 800, "ü\u00a0x"):
         kept = decoder.impression(json.dumps({**event, "client_id": client}).encode(), NOW_MS)
         assert not isinstance(kept, Rejected) and kept.user_bucket == clusters.bucket_of(client), client
@@ -154,4 +157,15 @@ def test_a_look_by_user_equals_statsmodels_cluster_robust_variance_over_the_buck
         assert c.estimate.variance == pytest.approx(max(own, pooled), rel=1e-9), average
     counts = [np.bincount([bucket[q] for q in arms[r]], minlength=clusters.BUCKETS) for r in ("base", "new")]
     split = [settings.ab.split[r] for r in ("base", "new")]
-    assert look.srm[""] == pytest.approx(clusters.srm_query_share_p_value(counts, split, min_queries=20), rel=1e-12)
+    by_queries = clusters.srm_query_share_p_value(counts, split, min_queries=20)
+    # and the arms' distinct users (HyperLogLog registers of the arm's users, merged over the
+    # partitions by the look), Bonferroni with the query shares
+    regs = {r: np.zeros(hll.REGISTERS, np.uint8) for r in ("base", "new")}
+    for r in regs:
+        hll.add(regs[r], np.array(sorted({clusters.user_hash(user[q]) for q in arms[r]}), dtype=np.uint64))
+    users = [hll.count(regs["base"]), hll.count(regs["new"])]
+    for r, n in zip(("base", "new"), users):
+        [view] = [a for a in look.arms if a.ranker == r]
+        assert view.users == n and abs(n - len({user[q] for q in arms[r]})) <= 2
+    by_users = srm_users_p_value(users, users[::-1], split)
+    assert look.srm[""] == pytest.approx(min(1.0, 2 * min(by_queries, by_users)), rel=1e-12)

@@ -146,13 +146,16 @@ def test_implausible_propensities_withdraw():
 
 def test_a_stored_look_reads_back_and_garbage_reads_as_none():
     p = Propensities([1.0, 0.5] + [None] * 8, [500.0] * K, 3)
-    look = initial(K, slots(K))._replace(pbm=p, model="pbm", reason="poor_fit", perplexity={"pbm": 1.3, "ubm": 1.2})
+    look = initial(K, slots(K))._replace(pbm=p, model="pbm", reason="poor_fit", perplexity={"pbm": 1.3, "ubm": 1.2},
+                                          at=1_800_000_000.25)
     back = from_fields(to_fields(look), K, slots(K))
     assert back is not None and back.pbm.relative == p.relative and back.reason == "poor_fit"
-    assert back.perplexity == {"pbm": 1.3, "ubm": 1.2}
-    # An older version's record (pbm only): what it exported, pbm and ok.
+    assert back.perplexity == {"pbm": 1.3, "ubm": 1.2} and back.at == 1_800_000_000.25
+    # An older version's record (pbm only): what it exported, pbm and ok, no time.
     old = from_fields({"relative": to_fields(look)["relative"], "support": to_fields(look)["support"]}, K, slots(K))
-    assert old is not None and old.model == "pbm" and old.reason == "ok"
+    assert old is not None and old.model == "pbm" and old.reason == "ok" and old.at == 0.0
+    for at in ("nan", "inf", "-5", "1e400", "x", "1" * 40):  # a time that is not one: none
+        assert from_fields({**to_fields(look), "at": at}, K, slots(K)).at == 0.0
     for bad in ({"relative": "[1.0"}, {"relative": '"x"', "support": "[]"}, {"relative": "[NaN]" * 1},
                 {**to_fields(look), "reason": "lies"}, {**to_fields(look), "perplexity": "[1]"}, {}):
         out = from_fields(bad, K, slots(K))

@@ -22,6 +22,7 @@ ORACLE = {
     "RprecMult@2.0": ("Rprec_mult.2.0", "Rprec_mult_2.00"),
     "Utility": ("utility", "utility"), "infAP": ("infAP", "infAP"),
     # Measures older than this change that -1 grades now reach: bpref, AP, nDCG.
+    "G": ("G", "G"), "BinG": ("binG", "binG"), "nDCGRel": ("ndcg_rel", "ndcg_rel"), "RnDCG": ("Rndcg", "Rndcg"),
     "Bpref": ("bpref", "bpref"), "AP": ("map", "map"), "nDCG": ("ndcg", "ndcg"),
 }
 DOCS = [f"d{i}" for i in range(14)]

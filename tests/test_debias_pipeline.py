@@ -278,6 +278,27 @@ def test_debiased_ndcg_is_the_weighted_dcg_over_the_texts_pooled_ideal():
     assert view.sums[IPW + "nDCG@10"].micro() == pytest.approx(2.0 / 1.0)
 
 
+def test_a_cached_ideal_is_weighed_anew_once_its_texts_harvest_has_grown():
+    """Ten harvests with d0 clicked at rank 1: the ideal DCG@10 is 1 and q1 scores 2.0 (as
+    above). Then forty with d0 and d1 clicked, no look in between (a replay reads hours of
+    traffic between two looks): q2's ideal is the grown harvest's, 1.6 + 1/log2(3), not the
+    cached 1 (which would score it 2.0 again)."""
+    clock, bus = Clock(START_MS), Bus(partitions=1)
+    pipeline = Pipeline(SETTINGS, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    pipeline.propensities = Propensities([1.0, 0.5, 0.25] + [0.1] * 7, [1000.0] * 10, 1)
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
+    one_query(pipeline, bus, "q1", ["d2", "d1", "d0"], ["d0"], START_MS)
+    for _ in range(40):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0", "d1"}, {"d0": 1.0, "d1": 1.0})
+    one_query(pipeline, bus, "q2", ["d2", "d1", "d0"], ["d0"], START_MS)
+    (view,) = [v for v in pipeline.views() if v.window == "1h"]
+    # d1: 40 graded clicks at rank 2 (weight 2) over 50 graded impressions: r̂ 1.6 ranks first.
+    ideal = 1.6 + 1.0 / np.log2(3)
+    assert view.sums[IPW + "nDCG@10"].value_sum == pytest.approx(2.0 + 2.0 / ideal)
+
+
 def test_whether_a_query_counts_is_decided_before_its_clicks():
     """q1 is shown before any estimate: it stays out of the debiased measures even when its
     click comes after one (else clicked queries would get in and unclicked ones not); q2

@@ -97,7 +97,7 @@ BAD_INPUTS = [
     ("# a comment\nq1 0 d1 1 extra\n", GOOD_RUN, [], "qrels:2: expected 4 fields (qid iter docid grade), got 5"),
     (GOOD_QRELS, "# run\nq1 Q0 d1 1 2.0 t and more\n q1 Q0 d2 2\n", [], "run:3: expected 6 fields"),
     (GOOD_QRELS, GOOD_RUN, ["-m", "map", "-m", "nDCG@10"], "'nDCG@10' are not trec_eval names"),
-    (GOOD_QRELS, GOOD_RUN, ["-m", "binG"], "illegal measure 'binG': binG is not implemented yet"),
+    (GOOD_QRELS, GOOD_RUN, ["-m", "yaap"], "illegal measure 'yaap': yaap is not implemented yet"),
     (GOOD_QRELS, GOOD_RUN, ["-R", "prefs"], "-R prefs: only -R qrels is supported"),
 ]
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rankmeter import config
-from rankmeter.ab.clusters import bucket_of
+from rankmeter.ab.clusters import bucket_of, user_hash
 from rankmeter.events import Decoder, Feedback, Impression, Rejected, query_hash
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -36,7 +36,10 @@ def test_ubi_query_record_is_an_impression():
            "query_attributes": {"ranker": "ltr-v3"}, "query_response_hit_ids": ["x", "y"], "user_query": "tv"}
     assert DEC.impression(json.dumps(ubi).encode(), NOW) == Impression("u1", "ltr-v3", NOW, ["x", "y"], "",
                                                                         query_hash=query_hash("tv"),
-                                                                        user_bucket=bucket_of("c"))
+                                                                        user_bucket=-1)  # (not by user)
+    by_user = Decoder(config.load(None, {"RANKMETER_AB_UNIT": "user"}))
+    assert by_user.impression(json.dumps(ubi).encode(), NOW).user_bucket == bucket_of("c")
+    assert by_user.impression(json.dumps(ubi).encode(), NOW).user_hash == user_hash("c")
     older = {"query_id": "u2", "timestamp": NOW, "application": "shop", "query_response_object_ids": ["z"]}
     assert DEC.impression(json.dumps(older).encode(), NOW) == Impression("u2", "shop", NOW, ["z"], "")
     oldest = {"query_id": "u3", "timestamp": NOW, "application": "s", "query_response_objects_ids": ["w", 978316]}

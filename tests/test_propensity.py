@@ -309,6 +309,12 @@ def check_index(h: Harvester) -> None:
     """The per-query index holds exactly the table's (query, document) keys."""
     assert {(q, d) for q, docs in h.by_query.items() for d in docs} == set(h.entries)
     assert all(h.by_query.values())  # no query kept without a document
+    # Each text's support: the graded impressions of its documents still held.
+    held = defaultdict(float)
+    for (q, _), entry in h.entries.items():
+        held[q] += sum(entry[3])  # the GRADED row
+    assert set(h.graded) <= set(h.by_query)
+    assert all(h.support(q) == pytest.approx(held[q], abs=1e-9) for q in h.by_query)
 
 
 @settings(max_examples=200, deadline=None)

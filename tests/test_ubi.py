@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from rankmeter import config
-from rankmeter.ab.clusters import bucket_of
+from rankmeter.ab.clusters import bucket_of, user_hash
 from rankmeter.events import Decoder, Feedback, Impression, Rejected, query_hash
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Bus
@@ -244,14 +244,17 @@ def test_query_records_without_hit_ids_wait_for_their_list():
     text = query_hash(record["user_query"])
     assert decode(json.dumps(record).encode(), NOW_MS) == Impression(
         "q", "esci_ubi_sample", NOW_MS, [], "", assemble=True, query_hash=text,
-        user_bucket=bucket_of(record["client_id"]))
+        user_bucket=-1)
     record = {**record, "query_response_hit_ids": [], "query_attributes": {"ranker": "r", "hits": 10}}
     assert decode(json.dumps(record).encode(), NOW_MS) == Impression("q", "r", NOW_MS, [], "", assemble=True,
                                                                      expected=10, query_hash=text,
-                                                                     user_bucket=bucket_of(record["client_id"]))
+                                                                     user_bucket=-1)
     with_hits = {**record, "query_response_hit_ids": ["a", "b"]}
     assert decode(json.dumps(with_hits).encode(), NOW_MS) == Impression("q", "r", NOW_MS, ["a", "b"], "",
-                                                                        query_hash=text, user_bucket=bucket_of("c"))
+                                                                        query_hash=text)
+    by_user = Decoder(config.load(None, {"RANKMETER_AB_UNIT": "user"})).impression
+    assert by_user(json.dumps(with_hits).encode(), NOW_MS).user_bucket == bucket_of("c")
+    assert by_user(json.dumps(with_hits).encode(), NOW_MS).user_hash == user_hash("c")
 
 
 def test_judgments_may_carry_an_esci_label_graded_by_evaluation_labels():

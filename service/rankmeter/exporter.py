@@ -276,11 +276,15 @@ class PipelineCollector:
                                     labels=["ranker", "baseline", "segment"])
         judged = GaugeMetricFamily("rankmeter_ab_judged_share", "Share of each arm's queries with a relevant "
                                    "document known.", labels=["ranker", "baseline", "segment"])
+        users = GaugeMetricFamily("rankmeter_ab_users", "Distinct users of each arm (ab.unit: user; a "
+                                  "HyperLogLog estimate, relative error about 0.8%).", labels=["ranker", "baseline", "segment"])
         for arm in result.arms:
             queries.add_metric([arm.ranker, result.baseline, arm.segment], arm.queries)
+            if arm.users is not None:
+                users.add_metric([arm.ranker, result.baseline, arm.segment], arm.users)
             if arm.queries:
                 judged.add_metric([arm.ranker, result.baseline, arm.segment], arm.judged / arm.queries)
-        srm = GaugeMetricFamily("rankmeter_ab_srm_p_value", "Always-valid p-value of the arms' query counts "
+        srm = GaugeMetricFamily("rankmeter_ab_srm_p_value", "Always-valid p-value of the arms' query counts (ab.unit: user: and distinct users) "
                                 "against ab.split (sequential multinomial test): below alpha, the experiment "
                                 "cannot be trusted.", labels=["baseline", "segment"])
         for segment, p in result.srm.items():
@@ -289,7 +293,7 @@ class PipelineCollector:
                                  "phase's split and start (ms): a ramp is a new phase, a new experiment.",
                                  labels=["experiment", "baseline", "split", "since", "unit"])
         info.add_metric([result.experiment, result.baseline, result.split, str(result.since_ms), result.unit], 1)
-        yield from (queries, judged, srm, info)
+        yield from (queries, judged, users, srm, info)
 
 
 def click_fit_metrics(look: Look) -> Iterator[Metric]:
@@ -314,6 +318,10 @@ def click_fit_metrics(look: Look) -> Iterator[Metric]:
         if value is not None and math.isfinite(value):  # (a stored sum that is not a number: none)
             perplexity.add_metric([model], value)
     yield from (valid, perplexity, chosen)
+    if look.at > 0:  # (an estimate stored by an older version has no time)
+        yield GaugeMetricFamily(
+            "rankmeter_click_model_estimated_timestamp_seconds", "When partition 0's holder estimated the "
+            "click models in use (Unix time): an old one means that replica is not looking.", value=look.at)
 
 
 class Exporter:

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import NamedTuple, TextIO
 
 from rankmeter.engine import Measure, evaluate, macro, micro, stack_scored
-from rankmeter.trec import InputError, read_qrels, read_run
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Reading and building states makes millions of small objects and no reference
-    cycles; the cyclic GC would rescan them again and again (~15% of the time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+from rankmeter.trec import InputError, gc_paused, read_qrels, read_run
 
 
 class Report(NamedTuple):

@@ -18,6 +18,7 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
                                     a record names its index), layout:<fp> (descriptions),
                                     watermark:<topic>
     P:{P:p}:ab             hash     experiment␟ranker␟segment -> cumulative arm sums (ab/sums.py)
+    P:{P:p}:users:<arm>    HLL      the arm's (experiment␟ranker␟segment) distinct users, ab.unit: user
     P:ab:definition:<exp>  string   the measures the experiment's sums hold (JSON list), set once
     P:ab:running:<exp>     hash     comparison -> running minimum p and confidence-sequence bounds
     P:ab:looks:<exp>       list     one JSON line per minute: the experiment's history
@@ -33,6 +34,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from rankmeter import redis_users
+from rankmeter.ab import hll
 from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, numbers
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
@@ -46,10 +49,11 @@ end
 return 0
 """
 
-# A checkpoint (store.PartitionCheckpoint), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab.
+# A checkpoint (store.PartitionCheckpoint), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab,
+# then one HyperLogLog per arm with users to add (pipeline/users.py), in the order of the last section.
 # ARGV: epoch, layout, the mark expected (the owner's last), then counted sections: records (id, record), deadlines (score, id),
 # buckets, offsets, watermarks and metadata, arm sums (field, value); deleted records,
-# dropped buckets, deleted metadata fields (ids).
+# dropped buckets, deleted metadata fields (ids); per arm key, its users (counted lists).
 # Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone,
 # -2 when the stored mark is not the owner's last (Redis lost the last checkpoints).
 _COMMIT = """
@@ -64,6 +68,18 @@ local function section(width, apply)
   -- unpack() is bounded by Lua's C stack: chunks of 4000 arguments
   for s = i, i + n - 1, 4000 do apply(s, math.min(s + 3999, i + n - 1)) end
   i = i + n
+end
+-- Users first (a script is not rolled back); a key no valid HyperLogLog fails PFADD: left as it
+-- is, unreadable, so the looks leave the user test out (a reset would under-count the arm).
+local users = i
+for _, width in ipairs({2, 2, 2, 2, 2, 2, 1, 1, 1}) do users = users + 1 + tonumber(ARGV[users]) * width end
+for k = 7, #KEYS do
+  local n = tonumber(ARGV[users])
+  for s = users + 1, users + n, 4000 do
+    local e = math.min(s + 3999, users + n)
+    redis.pcall('PFADD', KEYS[k], unpack(ARGV, s, e))
+  end
+  users = users + 1 + n
 end
 section(2, function(a, b) redis.call('HSET', KEYS[2], unpack(ARGV, a, b)) end)
 section(2, function(a, b) redis.call('ZADD', KEYS[3], unpack(ARGV, a, b)) end)
@@ -243,7 +259,9 @@ class RedisStore:
         # steps). On one Redis the scripts go in one pipeline: one round trip per batch, not per partition
         # (each still applies or is refused on its own; the caller treats a connection lost
         # midway as every checkpoint unsure).
-        calls = [(c.partition, self._commit_keys(c.partition), self._commit_args(c)) for c in checkpoints]
+        calls = [(c.partition, self._commit_keys(c.partition) + [redis_users.key(self.prefix, c.partition, a)
+                                                                 for a in c.users], commit_args(c))
+                 for c in checkpoints]
         if self.cluster:
             outcomes = [self._commit(keys=keys, args=args) for _, keys, args in calls]
         else:
@@ -274,21 +292,6 @@ class RedisStore:
     def _commit_keys(self, partition: int) -> list[str]:
         return [self._key(partition, name) for name in ("meta", "queries", "open", "buckets", "offsets", "ab")]
 
-    @staticmethod
-    def _commit_args(c: PartitionCheckpoint) -> list:
-        args: list = [c.epoch, c.layout, c.expect]
-        sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
-                    list(c.buckets.items()), list(c.offsets.items()),
-                    [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
-                    list(c.ab.items()))
-        for pairs in sections:
-            args.append(len(pairs))
-            args += [x for pair in pairs for x in pair]
-        for ids in (c.deleted, c.dropped_buckets, c.meta_deleted):
-            args.append(len(ids))
-            args += ids
-        return args
-
     def marks(self, partitions: Iterable[int]) -> dict[int, str]:
         partitions = list(partitions)
         with self.client.pipeline(transaction=False) as pipe:
@@ -308,8 +311,14 @@ class RedisStore:
                 for i, p in enumerate(partitions)}
 
     def wipe(self, partition: int, epoch: int | None = None) -> bool:
-        # The epoch stays: the claim that asked for the wipe keeps owning the partition.
-        return bool(self._wipe(keys=self._commit_keys(partition), args=["" if epoch is None else epoch]))
+        # The epoch stays: the claim that asked for the wipe keeps owning the partition. The
+        # arms' user counts go too (named by the arms' sums, in their slot).
+        users = [redis_users.key(self.prefix, partition, a) for a in redis_users.arms(
+            self.client.hkeys(self._key(partition, "ab")))]
+        return bool(self._wipe(keys=self._commit_keys(partition) + users, args=["" if epoch is None else epoch]))
+
+    def load_users(self, wanted: Mapping[int, list[str]]) -> dict[int, dict[str, bytes]]:
+        return redis_users.load(self.client, self.prefix, wanted)
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         partitions = list(partitions)
@@ -370,3 +379,20 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def commit_args(c: PartitionCheckpoint) -> list:
+    """_COMMIT's arguments for a checkpoint (its keys: RedisStore.commit)."""
+    args: list = [c.epoch, c.layout, c.expect]
+    sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
+                list(c.buckets.items()), list(c.offsets.items()),
+                [(f"watermark:{t}", w) for t, w in c.watermarks.items()] + list(c.meta.items()),
+                list(c.ab.items()))
+    for pairs in sections:
+        args.append(len(pairs))
+        args += [x for pair in pairs for x in pair]
+    for ids in (c.deleted, c.dropped_buckets, c.meta_deleted, *([hll.element(u) for u in users]
+                                                                 for users in c.users.values())):
+        args.append(len(ids))
+        args += ids
+    return args

@@ -296,7 +296,7 @@ def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], 
     try:
         # Every replica weighs the debiased measures with the same propensities: partition
         # 0's holder estimates them, the others read its estimate.
-        pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions)
+        pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions, now=time.time())
         if 0 not in pipeline.partitions:
             pipeline.experiments.forget()
             return True

@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
+from rankmeter.ab import hll
+
 # Why a checkpoint was refused: another owner's epoch, no state at all, or state older than
 # this owner's last checkpoint (the store lost its last writes: a restore, an async failover).
 FENCED, LOST, REWOUND = "fenced", "lost", "rewound"
@@ -34,7 +38,7 @@ class PartitionCheckpoint(NamedTuple):
         2. write the records that changed, with their event-time deadlines;
         3. delete the records that closed (or were orphaned);
         4. write the buckets that changed, delete the ones past every window, write the
-           experiment's arm sums that changed;
+           experiment's arm sums that changed, add the users enrolled to their arms' counts;
         5. record the layout fingerprint the buckets are written in (and, after a
            configuration change, the partition's layout history and the new description),
            the checkpoint's mark (its owner's epoch and a number), and the queries
@@ -61,6 +65,9 @@ class PartitionCheckpoint(NamedTuple):
                                     # checkpoint's mark (pipeline/checkpoint.py), lists assembling
     meta_deleted: list[str] = []    # metadata fields to delete (lists settled)
     expect: str = ""                # the mark the store must hold: this owner's last ("" none yet)
+    # experiment␟ranker␟segment -> the 64-bit hashes of users enrolled (ab.unit: user), added to
+    # the arm's distinct-user HyperLogLog (ab/hll.py; adding a user twice changes nothing)
+    users: dict[str, list[int]] = {}
 
 
 class PartitionSnapshot(NamedTuple):
@@ -113,6 +120,10 @@ class Store(Protocol):
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         """The experiment arm sums of these partitions, read only, in one round trip."""
+
+    def load_users(self, wanted: Mapping[int, list[str]]) -> dict[int, dict[str, bytes]]:
+        """Per partition, the stored distinct-user HyperLogLog of each arm asked for
+        (experiment␟ranker␟segment), as Redis stores one (ab/hll.py); absent ones left out."""
 
     def load_running(self, experiment: str) -> dict[str, str]: ...
 
@@ -178,6 +189,7 @@ class MemoryStore:
         self.deadlines: dict[int, dict[str, int]] = {}
         self.buckets: dict[int, dict[str, bytes]] = {}
         self.ab: dict[int, dict[str, bytes]] = {}
+        self.users: dict[int, dict[str, np.ndarray]] = {}  # Redis's registers, hash and estimator
         self.running: dict[str, dict[str, str]] = {}
         self.definitions: dict[str, str] = {}
         self.history: dict[str, list[str]] = {}
@@ -219,6 +231,9 @@ class MemoryStore:
             for field in c.dropped_buckets:
                 self.buckets[p].pop(field, None)
             self.ab.setdefault(p, {}).update(c.ab)
+            for arm, added in c.users.items():
+                hll.add(self.users.setdefault(p, {}).setdefault(arm, np.zeros(hll.REGISTERS, np.uint8)),
+                        np.array(added, dtype=np.uint64))
             self.layouts[p] = c.layout
             self.meta.setdefault(p, {}).update(c.meta)
             for field in c.meta_deleted:
@@ -242,7 +257,7 @@ class MemoryStore:
         if not self._owner(partition, epoch):
             return False
         for table in (self.offsets, self.watermarks, self.layouts, self.records, self.deadlines, self.buckets, self.ab,
-                      self.meta):
+                      self.meta, self.users):
             table.pop(partition, None)
         return True
 
@@ -254,6 +269,10 @@ class MemoryStore:
 
     def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         return {p: dict(self.ab.get(p, {})) for p in partitions}
+
+    def load_users(self, wanted: Mapping[int, list[str]]) -> dict[int, dict[str, bytes]]:
+        held = self.users
+        return {p: {a: hll.dense(held[p][a]) for a in arms if a in held.get(p, {})} for p, arms in wanted.items()}
 
     def load_running(self, experiment: str) -> dict[str, str]:
         return dict(self.running.get(experiment, {}))

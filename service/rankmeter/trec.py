@@ -9,14 +9,25 @@ Read as trec_eval 10 reads them (its get_qrels.c and get_trec_results.c):
   tag of the last line, as trec_eval prints it for `runid`.
 - numbers: a score may be `inf` or `-inf` (a log-probability of 0), ordered as trec_eval's
   atof and comparisons order it; a NaN score (no order) and a non-finite grade are errors.
+- grades read for trec_eval's names (`read_qrels(path, atol=True)`) keep what C's atol
+  makes of the field: its leading `[+-]digits` (`1e3` is 1, `2.5` is 2, `.5` is 0); the
+  field must still be a finite number (`abc` and `inf` are errors, as below). Read for
+  ir_measures names, a grade is the number written (`1e3` is 1000, `2.5` is 2.5).
 - `-` as the run's path is standard input.
 Problems are raised as `InputError` naming the file and line, for a one-line message.
 """
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+_WHOLE = re.compile(r"(?:[+-]?[0-9]{1,18}\n)*[+-]?[0-9]{1,18}")  # fields atol reads whole, below 2^63
+_LEADING = re.compile(r"[+-]?[0-9]+")
+LONG_MAX = 2 ** 63 - 1
 
 
 class InputError(Exception):
@@ -59,13 +70,37 @@ def _lines(path: str) -> tuple[list[str], bool]:
     return text.split("\n"), "#" in text
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Reading and building states makes millions of small objects and no reference
+    cycles; the cyclic GC would rescan them again and again (~15% of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def atol(text: str) -> float:
+    """A grade as trec_eval's atol reads it (its leading [+-]digits, 0 without any, clamped
+    to a C long), refusing what is not a finite number at all (ValueError)."""
+    if not math.isfinite(float(text)):
+        raise ValueError(text)
+    digits = _LEADING.match(text)
+    return float(max(-LONG_MAX - 1, min(LONG_MAX, int(digits[0])))) if digits else 0.0
+
+
 class Table(dict):
     """{qid: {docid: value}}, plus the tag of the file's last line (a run's id)."""
     last_tag: str = ""
 
 
+@gc_paused()
 def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, repeated: str,
-          comment_anywhere: bool) -> Table:  # comment_anywhere: a run (infinite values allowed)
+          comment_anywhere: bool, whole: bool = False) -> Table:
+    # comment_anywhere: a run (infinite values allowed); whole: values read as atol reads them
     """{qid: {docid: value}} from whitespace-separated lines: exactly `columns`' fields
     when `comment_anywhere` is false (qrels, `#` comments in the first column only), at
     least as many otherwise (runs, `#` after leading blanks too, trailing fields ignored).
@@ -79,7 +114,8 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
 
     def flush(qid: str, first: int, docs: list[str], values: list[str]) -> None:
         try:
-            parsed = dict(zip(docs, map(float, values)))
+            read = float if not whole or _WHOLE.fullmatch("\n".join(values)) else atol
+            parsed = dict(zip(docs, map(read, values)))
         except ValueError:
             parsed = {}
         known = table.get(qid)
@@ -148,9 +184,10 @@ def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, 
         seen.add(doc)
 
 
-def read_qrels(path: str) -> Table:
-    """`qid iter docid grade` per line -> {qid: {docid: grade}}."""
-    return _read(path, "qid iter docid grade", 2, 3, "grade", "judged twice", False)
+def read_qrels(path: str, atol: bool = False) -> Table:
+    """`qid iter docid grade` per line -> {qid: {docid: grade}}; `atol`: grades as
+    trec_eval reads them (whole numbers, see above)."""
+    return _read(path, "qid iter docid grade", 2, 3, "grade", "judged twice", False, atol)
 
 
 def read_run(path: str) -> Table:

@@ -40,6 +40,10 @@ def propensities(metrics: dict) -> dict[int, float]:
     return {int(dict(labels)["rank"]): v for (name, labels), v in metrics.items() if name == "rankmeter_propensity"}
 
 
+def estimated_at(metrics: dict) -> float:
+    return metrics.get(("rankmeter_click_model_estimated_timestamp_seconds", frozenset()), 0.0)
+
+
 def test_propensities_converge_and_debiased_ndcg_tracks_the_truth(services, tmp_path):
     sim = Simulator(seed=11, examination="power-0.9", track_examination=True, judgment_share=0.0,
                     duplicate_share=0.0, disorder=0.0, purchase_cap_s=240)
@@ -63,13 +67,17 @@ def test_propensities_converge_and_debiased_ndcg_tracks_the_truth(services, tmp_
     with Serve(services.kafka_bootstrap, services.redis_url, topics, f"g{uuid.uuid4().hex[:8]}",
                f"rm{uuid.uuid4().hex[:8]}", extra_env=ENV, log_path=tmp_path / "serve.log"
                ).start(create_topics=None, args=["--event-clock"]) as serve:
-        # The propensities are re-estimated every 5 s of processing time (serve's
-        # AB_INTERVAL_S): live, every 5 s of traffic; a replay at thousands of times real
-        # time would weigh its first hour before any estimate. So: 70 minutes of traffic,
-        # the estimate, then the last 30 minutes, whose window is compared.
+        # The propensities are re-estimated every 5 s or more of processing time (serve's
+        # AB_INTERVAL_S, spaced out when looks are slow): live, every 5 s of traffic; a
+        # replay at thousands of times real time would weigh its first hour before any
+        # estimate, or with one made from its first minutes. So: 70 minutes of traffic, an
+        # estimate made after all of it was read, then the last 30 minutes, whose window is
+        # compared.
         produce(phases[0])
         serve.wait_for_events(len(phases[0]), seconds=240)
-        wait_until(lambda: len(propensities(serve.metrics())) == 10, 60, "every rank's propensity")
+        read = time.time()
+        wait_until(lambda: estimated_at(serve.metrics()) > read and len(propensities(serve.metrics())) == 10,
+                   90, "an estimate of every rank's propensity made after the first 70 minutes were read")
         produce(phases[1])
         serve.wait_for_events(len(events), seconds=240)
         wait_until(lambda: len(propensities(serve.metrics())) == 10, 60, "every rank's propensity")

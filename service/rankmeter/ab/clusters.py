@@ -49,7 +49,7 @@ from numpy.typing import ArrayLike
 
 from rankmeter.ab.stats import DEFAULT_MIN_QUERIES, DEFAULT_SRM_CONCENTRATION, Estimate, msprt
 
-__all__ = ["BUCKETS", "bucket_of", "bucket_ratio", "bucket_difference", "bucket_preference",
+__all__ = ["BUCKETS", "bucket_of", "user_hash", "bucket_ratio", "bucket_difference", "bucket_preference",
            "srm_query_share", "srm_query_share_p_value"]
 
 #: Buckets per arm: 128 gives ~13% relative noise in the variance (B − 1 = 127 df) for
@@ -61,14 +61,19 @@ BUCKETS = 128
 MIN_BUCKETS = 30
 
 
-def bucket_of(client_id: str, buckets: int = BUCKETS) -> int:
-    """The bucket of a user: BLAKE2b (8-byte digest) of the UTF-8 ``client_id``, as an
-    unsigned big-endian integer, modulo ``buckets``. Stable across processes, replicas and
-    Python versions (unlike ``hash()``, salted per process)."""
+def user_hash(client_id: str) -> int:
+    """A user's 64-bit hash: BLAKE2b (8-byte digest) of the UTF-8 ``client_id``, as an
+    unsigned big-endian integer. Stable across processes, replicas and Python versions
+    (unlike ``hash()``, salted per process). Its bucket is :func:`bucket_of`; its 8 bytes
+    are what the arm's HyperLogLog counts (ab/hll.py)."""
+    return int.from_bytes(hashlib.blake2b(client_id.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def bucket_of(client_id: str | int, buckets: int = BUCKETS) -> int:
+    """The bucket of a user (a ``client_id``, or its :func:`user_hash`): the hash modulo ``buckets``."""
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets!r}")
-    digest = hashlib.blake2b(client_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % buckets
+    return (client_id if isinstance(client_id, int) else user_hash(client_id)) % buckets
 
 
 def _scalar(x: np.ndarray) -> float | np.ndarray:

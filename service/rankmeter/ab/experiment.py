@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.ab import clusters
+from rankmeter.ab import clusters, hll
 from rankmeter.ab import sums as ab_sums
+from rankmeter.ab.users import srm_users_p_value
 from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, Running, Sequential, mean_difference, msprt,
                                 preference, ratio_difference, srm_p_value, unit_variance, update)
 from rankmeter.config import AB
@@ -44,6 +45,7 @@ class ArmView(NamedTuple):
     segment: str
     queries: float
     judged: float
+    users: float | None = None  # distinct users (HyperLogLog estimate), ab.unit: user; None: not counted
 
 
 class Look(NamedTuple):
@@ -60,7 +62,8 @@ class Look(NamedTuple):
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
          names: list[str | None], settings: AB, running: Mapping[str, str],
-         settled: bool = True) -> tuple[Look, dict[str, str]]:
+         settled: bool = True, users: Mapping[tuple[str, str], np.ndarray] | None = None
+         ) -> tuple[Look, dict[str, str]]:
     """`vectors`: (ranker, segment) -> the arm's summed vector over every partition, or
     with `ab.unit: user` its [B, size] sums per user bucket (ab/clusters.py: the variances
     and the sample-ratio test are then the cluster-robust ones over buckets); `names`: the
@@ -68,7 +71,9 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
     what earlier looks kept; `settled`: the phase has run long enough for its first
     queries' feedback to have arrived, so a τ² may be fixed from the metric's variance
     (before, a comparison without a fixed τ² is not tested). Returns the look and what
-    to keep now."""
+    to keep now. `users`: with `ab.unit: user`, each arm's HyperLogLog registers of its
+    distinct users (None: the store does not count them); the sample-ratio test then
+    tests user counts as well as query shares (`user_srm`)."""
     by_user = settings.unit == "user"
     arms = {key: ab_sums.arm(v.sum(0) if by_user else v, names) for key, v in vectors.items()}
     columns = {n: c for c, n in enumerate(names) if n is not None}
@@ -107,7 +112,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 now = update(before, msprt(estimate, tau2, settings.alpha))
                 kept[key] = _encode(now, tau2)
                 comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2))
-    srm = {}
+    srm, notes = {}, []
     if settings.split:
         shares = settings.split
         for segment in sorted({s for _, s in arms}):
@@ -120,13 +125,46 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 buckets = [vectors[(r, segment)][:, -2] if (r, segment) in arms else np.zeros(clusters.BUCKETS)
                            for r in shares]
                 now = clusters.srm_query_share_p_value(buckets, list(shares.values()), min_queries=settings.min_queries)
+                # (an arm without a count has no users yet; one mapped to None, a count
+                # unreadable or missing on a partition: no user test at this look)
+                empty = np.zeros(hll.REGISTERS, np.uint8)
+                counted = [users.get((r, segment), empty) for r in shares] if users else []
+                # Users tested or not, the query shares at α/2 (Bonferroni, `user_srm`): one
+                # split of α over every look of the phase.
+                if not counted or any(c is None for c in counted) or not any(c.any() for c in counted):
+                    now = min(1.0, 2.0 * now)
+                if any(c is None for c in counted):
+                    notes.append(f"distinct users of segment {segment or '-'} are not all readable at this look "
+                                 f"(rankmeter_store_unreadable_total): its sample-ratio check tests query shares only")
+                elif any(c.any() for c in counted):
+                    now = user_srm(counted, list(shares.values()), now)
+                else:
+                    notes.append(f"distinct users are not counted in segment {segment or '-'} (a phase begun "
+                                 f"before this release, or a store without HyperLogLog): its sample-ratio check "
+                                 f"tests query shares only")
             else:
                 now = srm_p_value(counts, list(shares.values()))
             p = min(before.p_value, now)
             kept[key] = _encode(before._replace(p_value=p))
             srm[segment] = p
-    views = [ArmView(r, s, a.queries, a.judged) for (r, s), a in sorted(arms.items())]
-    return Look(experiment, baseline, views, comparisons, srm), kept
+    counts = {arm: hll.count(r) for arm, r in (users or {}).items() if r is not None}
+    views = [ArmView(r, s, a.queries, a.judged, counts.get((r, s)))
+             for (r, s), a in sorted(arms.items())]
+    return Look(experiment, baseline, views, comparisons, srm, notes=tuple(notes)), kept
+
+
+def user_srm(registers: list[np.ndarray | None], split: list[float], query_share_p: float) -> float:
+    """The sample-ratio p-value with `ab.unit: user`: the arms' distinct users
+    (ab/users.py: exact multinomial test, widened by the HyperLogLog bound) and their query
+    shares (ab/clusters.py), Bonferroni: 2 × the smaller, so each is tested at α/2 and
+    either a mismatch of users (an assignment bug) or one of queries (a ranker losing its
+    users' impressions) is found. Per arm, against the rest: the other arms' registers
+    merged (one HyperLogLog, one error)."""
+    empty = np.zeros(hll.REGISTERS, np.uint8)
+    regs = [empty if r is None else r for r in registers]
+    users = [hll.count(r) for r in regs]
+    rest = [hll.count(np.max([r for j, r in enumerate(regs) if j != i] or [empty], axis=0)) for i in range(len(regs))]
+    return min(1.0, 2.0 * min(srm_users_p_value(users, rest, split), query_share_p))
 
 
 class Preference(NamedTuple):

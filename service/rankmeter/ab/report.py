@@ -45,10 +45,12 @@ def table(look: Look, alpha: float, average: str = "macro") -> str:
     since = datetime.fromtimestamp(look.since_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [f"experiment {look.experiment} — baseline {look.baseline} — alpha {alpha:g}",
              f"phase: split {look.split}, unit {look.unit}, impressions since {since}", *(f"note: {n}" for n in look.notes), ""]
-    lines.append(f"{'ranker':<18}{'segment':<10}{'queries':>9}{'judged':>9}")
+    by_user = look.unit == "user"  # and its distinct users (HyperLogLog), '-' where not counted
+    lines.append(f"{'ranker':<18}{'segment':<10}{'queries':>9}{'judged':>9}" + (f"{'users':>10}" if by_user else ""))
     for arm in look.arms:
         share = arm.judged / arm.queries if arm.queries else math.nan
-        lines.append(f"{arm.ranker:<18}{arm.segment or '-':<10}{int(arm.queries):>9}{share:>9.1%}")
+        users = (f"{'-' if arm.users is None else f'{arm.users:,.0f}':>10}") if by_user else ""
+        lines.append(f"{arm.ranker:<18}{arm.segment or '-':<10}{int(arm.queries):>9}{share:>9.1%}{users}")
     for segment, p in sorted(look.srm.items()):
         state = "MISMATCH: do not trust this experiment" if p < alpha else "ok"
         lines.append(f"sample ratio ({segment or 'all'}): p = {p:.4g}  {state}")

@@ -8,6 +8,17 @@ import sys
 from rankmeter.cli.common import UsageError
 
 
+class Level(float):
+    """-l's number, remembering its text: trec_eval's names read it with atol (`1e3` is 1)."""
+    text = "1"
+
+
+def level(text: str) -> Level:
+    value = Level(text)
+    value.text = text
+    return value
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     ev = commands.add_parser(
         "eval", help="evaluate a TREC run against TREC qrels (a drop-in for trec_eval)",
@@ -28,7 +39,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                          "all_trec, official, set) or ir_measures notation (nDCG@10, P@10, AP, "
                          "SetF(beta=0.5)); repeatable, not both kinds at once (default: official, or "
                          "nDCG@10 P@10 AP RR R@10 with --format json, --digits or --average)")
-    ev.add_argument("-l", "--relevance-level", type=float, default=1.0, metavar="N",
+    ev.add_argument("-l", "--relevance-level", type=level, default=Level(1.0), metavar="N",
                     help="the lowest grade that counts as relevant (trec_eval's -l; default 1)")
     ev.add_argument("-q", "--per-query", action="store_true",
                     help="print every query's values too (trec_eval's -q)")
@@ -110,6 +121,7 @@ def _reading(args: argparse.Namespace) -> str:
 
 
 def run_trec(args: argparse.Namespace, names: list[str]) -> int:
+    from rankmeter.trec import atol
     from rankmeter.trec_eval.names import Options, columns
     from rankmeter.trec_eval.report import Flags, evaluate
 
@@ -121,7 +133,7 @@ def run_trec(args: argparse.Namespace, names: list[str]) -> int:
     if missing:  # a nickname's measures that are not implemented: said once, on stderr
         print(f"rankmeter eval: not implemented yet, left out: {', '.join(dict.fromkeys(missing))}", file=sys.stderr)
     flags = Flags(args.per_query, args.complete, args.max_docs, args.judged_only,
-                  int(args.relevance_level), not args.no_summary, rounding)
+                  int(atol(args.relevance_level.text)), not args.no_summary, rounding)
     evaluate(args.qrels, args.run, cols, flags, sys.stdout)
     return 0
 

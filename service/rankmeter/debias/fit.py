@@ -84,6 +84,7 @@ class Look(NamedTuple):
     reason: str
     perplexity: dict[str, float | None]
     checks: dict[str, float | None]
+    at: float = 0.0  # when partition 0's holder estimated it (epoch seconds; 0: not known)
 
     @property
     def valid(self) -> bool:
@@ -185,7 +186,7 @@ def to_fields(look: Look) -> dict[str, str]:
     return {"relative": json.dumps(look.pbm.relative), "support": json.dumps(look.pbm.support),
             "ubm_relative": json.dumps(look.ubm.relative), "ubm_support": json.dumps(look.ubm.support),
             "model": look.model, "reason": look.reason, "perplexity": json.dumps(look.perplexity),
-            "checks": json.dumps(look.checks)}
+            "checks": json.dumps(look.checks), "at": repr(float(look.at))}
 
 
 def _numbers(text: str | None, length: int, none: bool) -> list | None:
@@ -222,4 +223,13 @@ def from_fields(fields: dict[str, str] | None, ranks: int, ubm_slots: int) -> Lo
     except (ValueError, AttributeError):
         perplexity = {}
     return Look(Propensities(relative, support, 0), ubm, model, reason,
-                {m: perplexity.get(m) for m in MODELS}, {})
+                {m: perplexity.get(m) for m in MODELS}, {}, _epoch_seconds(fields.get("at")))
+
+
+def _epoch_seconds(text: str | None) -> float:
+    """A stored look's time, 0 when absent (an older version's) or not a time."""
+    try:
+        at = float(text) if text is not None and len(text) <= 32 else 0.0
+    except ValueError:
+        return 0.0
+    return at if math.isfinite(at) and at > 0 else 0.0

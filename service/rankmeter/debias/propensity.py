@@ -144,6 +144,8 @@ class Harvester:
         self.entries: OrderedDict[tuple[str, str], list[list[float]]] = OrderedDict()
         # query -> its documents in the table (a dict as an ordered set), kept with `entries`.
         self.by_query: dict[str, dict[str, None]] = {}
+        # query -> the graded impressions its documents in the table hold (`support`).
+        self.graded: dict[str, float] = {}
         self.evicted = 0
 
     def observe(self, query: str, shown: Sequence[str], clicked: Collection[str],
@@ -179,6 +181,7 @@ class Harvester:
             if grades is not None:
                 entry[GRADE][rank] += grades.get(doc, 0.0)
                 entry[GRADED][rank] += 1
+                self.graded[query] = self.graded.get(query, 0.0) + 1
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
             others = [k for k in k_all if n[k] and k != rank]
@@ -200,12 +203,20 @@ class Harvester:
         while len(self.entries) > self.capacity:
             # Least recently shown out; its contribution stays in the sums, final. Its
             # pooled grades go with it (the ideal is over the documents still held).
-            (q, d), _ = self.entries.popitem(last=False)
+            (q, d), entry = self.entries.popitem(last=False)
             held = self.by_query[q]
             del held[d]
+            if q in self.graded:
+                self.graded[q] -= sum(entry[GRADED])
             if not held:
                 del self.by_query[q]
+                self.graded.pop(q, None)
             self.evicted += 1
+
+    def support(self, query: str) -> float:
+        """The graded impressions of the query's documents in the table: what its pooled
+        ideal rests on."""
+        return self.graded.get(query, 0.0)
 
     def relevance(self, query: str, weights: Sequence[float]) -> dict[str, float]:
         """r̂(q, d) = Σ_k w_k G_k / Σ_k N_k of each of the query's documents with at least

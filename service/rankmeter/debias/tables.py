@@ -139,6 +139,10 @@ class ModelTables:
     def _weight(self, examine: float) -> float:
         return min(max(1.0 / examine, 1.0), self.max_weight) if examine > 0 else self.max_weight
 
+    def support(self, text: str) -> float:
+        """The graded impressions the text's pooled ideal rests on (both tables hold the same)."""
+        return self.pbm.support(text)
+
     def ideal_dcg(self, text: str, depth: int) -> float | None:
         """The text's pooled ideal under the chosen model (`Harvester.ideal_dcg`): ubm's
         weighs each slot's grades by the slot's weight. (Pooling grades over examined

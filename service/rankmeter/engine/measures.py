@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rankmeter.engine.batch import Batch
+from rankmeter.engine.gains import gain_rows, gain_text, parse_gains
 
 
 class Ratio(NamedTuple):
@@ -159,12 +160,18 @@ def dcg(b: Batch, cutoff: int | None, dcg: str) -> Ratio:
     return Ratio(_dcg(b.grades, dcg, cutoff), _ones(b))
 
 
-@family("nDCG", cutoff="optional", params={"dcg": "log2"})
-def ndcg(b: Batch, cutoff: int | None, dcg: str) -> Ratio:
+@family("nDCG", cutoff="optional", params={"dcg": "log2", "gains": ""})
+def ndcg(b: Batch, cutoff: int | None, dcg: str, gains: str) -> Ratio:
     """DCG@k over the ideal DCG@k of all known grades sorted descending (shown or not);
     without a cut-off, the whole list against the whole ideal. Grades count whatever
-    the relevance level. trec_eval `ndcg` / `ndcg_cut_k` (m_ndcg.c); Järvelin &
+    the relevance level. `gains` (`1:3;2:9`, engine/gains.py) sets the gain of grade
+    levels (0 or negative allowed: such documents count in the list, not in the ideal).
+    trec_eval `ndcg` / `ndcg.1=3,2=9` / `ndcg_cut_k` (m_ndcg.c, gain_init.c); Järvelin &
     Kekäläinen, TOIS 2002."""
+    if gains:
+        shown, ideal = gain_rows(b, gains)
+        shown = shown[:, :cutoff]
+        return Ratio(_rowsum(shown / np.log2(_ranks(shown.shape[1]) + 1.0)), _dcg(ideal, "log2", cutoff))
     return Ratio(_dcg(b.grades, dcg, cutoff), _dcg(b.ideal, dcg, cutoff))
 
 
@@ -344,6 +351,13 @@ def _parse_params(name: str, fam: Family, raw: str | None) -> tuple[tuple[str, s
             raise ValueError(f"measure {name!r}: beta must be a positive number") from None
     if "dcg" in given and given["dcg"] not in ("log2", "exp-log2"):
         raise ValueError(f"measure {name!r}: dcg must be log2 or exp-log2")
+    if "gains" in given:
+        try:
+            given["gains"] = gain_text(parse_gains(given["gains"]), _exact)
+        except ValueError as e:
+            raise ValueError(f"measure {name!r}: {e}") from None
+        if given.get("dcg", "log2") != "log2":
+            raise ValueError(f"measure {name!r}: gains are for dcg=log2")
     if "rounding" in given and given["rounding"] not in ("legacy", "lround"):
         raise ValueError(f"measure {name!r}: rounding must be legacy or lround")
     for key in set(given) & NUMERIC_PARAMS:

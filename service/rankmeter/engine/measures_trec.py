@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rankmeter.engine.batch import Batch
+from rankmeter.engine.gains import gain_rows
 from rankmeter.engine.measures import Ratio, family
 
 INFAP_EPSILON = 0.00001  # trec_eval.h
@@ -155,3 +156,91 @@ def rbp_residual(b: Batch, p: str) -> Ratio:
     total = np.cumsum(np.where(unj, powers[:-1], 0.0), axis=1)[:, -1]
     value = powers[b.length] + (1.0 - persistence) * total
     return Ratio(np.where(unj.any(axis=1), value, 0.0), _ones(b))
+
+
+def _padded(x: np.ndarray, width: int) -> np.ndarray:
+    """`x` cut or 0-padded to `width` columns."""
+    if x.shape[1] >= width:
+        return x[:, :width]
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def _discounts(width: int) -> np.ndarray:
+    return np.log2(np.arange(2, width + 2, dtype=float))  # log2(i + 2) at 0-based rank i
+
+
+def _cum_dcg(gains: np.ndarray) -> np.ndarray:
+    """DCG at each rank, summed in rank order as trec_eval's loops (zero gains add 0.0)."""
+    return np.cumsum(gains / _discounts(gains.shape[1]), axis=1)
+
+
+@family("BinG")
+def binary_g(b: Batch) -> Ratio:
+    """Binary G (experimental, trec_eval 4/10/2008): Σ over relevant retrieved documents of
+    1 / log2(2 + non-relevant-or-unjudged documents above it), over R. trec_eval `binG`
+    (m_binG.c: 1/log2(3 + i − relevant so far) at 0-based rank i)."""
+    seen = np.cumsum(b.rel, axis=1)
+    term = 1.0 / np.log2(3.0 + np.arange(b.width) - seen)
+    return Ratio(np.cumsum(np.where(b.rel, term, 0.0), axis=1)[:, -1], b.num_rel.astype(float))
+
+
+@family("G", params={"gains": ""})
+def normalized_gain(b: Batch, gains: str) -> Ratio:
+    """Normalised gain G (experimental, trec_eval 4/10/2008), between AP and nDCG: each
+    retrieved document of gain g at 0-based rank i adds g / log2(2 + cost_i − gain_i), where
+    gain_i sums the list's gains to rank i and cost_i the ideal's, each ideal gain below 1
+    counted as 1; the sum over the ideal's total gain. `gains` as nDCG's. trec_eval `G`
+    (m_G.c, gain_init.c)."""
+    shown, ideal = gain_rows(b, gains)
+    cost = np.cumsum(np.maximum(_padded(ideal, b.width), 1.0), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        term = shown / np.log2((2.0 + cost) - np.cumsum(shown, axis=1))
+    total = np.cumsum(np.where(shown != 0, term, 0.0), axis=1)[:, -1]
+    return Ratio(total, np.cumsum(ideal, axis=1)[:, -1])
+
+
+@family("nDCGRel", params={"gains": ""})
+def ndcg_rel(b: Batch, gains: str) -> Ratio:
+    """nDCG averaged over the relevant documents (experimental): nDCG at the rank of each
+    retrieved document of positive gain, and the whole list's DCG over the whole ideal DCG
+    for each such document not retrieved; the sum over the ideal's count of positive gains.
+    `gains` as nDCG's. trec_eval `ndcg_rel` (m_ndcg_rel.c)."""
+    shown, ideal = gain_rows(b, gains)
+    width = max(b.width, ideal.shape[1])
+    dcg = _cum_dcg(_padded(shown, width))
+    ideal_dcg = _cum_dcg(_padded(ideal, width))
+    positive = shown > 0
+    num_ideal = np.count_nonzero(ideal > 0, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_rel = np.where(positive, dcg[:, :b.width] / ideal_dcg[:, :b.width], 0.0)
+        missed = (num_ideal - np.count_nonzero(positive, axis=1)).astype(float) * dcg[:, -1] / ideal_dcg[:, -1]
+    total = np.cumsum(np.concatenate((at_rel, missed[:, None]), axis=1), axis=1)[:, -1]
+    # trec_eval sets the value only when the sum is > 0 (0/0 with an empty ideal is NaN there).
+    return Ratio(np.where(total > 0, total, 0.0), num_ideal.astype(float))
+
+
+@family("RnDCG", params={"gains": ""})
+def r_ndcg(b: Batch, gains: str) -> Ratio:
+    """nDCG averaged at the R levels (experimental): at each rank k where the ideal ranking
+    passes from one gain to the next (the last: to no gain), nDCG@k; plus the whole list's
+    nDCG when the ideal ends at least two ranks before the list does (m_Rndcg.c's loops: it
+    ends one rank before, the list's last document is never counted); the mean of those.
+    0 when R is 0. `gains` as nDCG's. trec_eval `Rndcg` (m_Rndcg.c)."""
+    shown, ideal = gain_rows(b, gains)
+    width = max(b.width, ideal.shape[1])
+    dcg = _cum_dcg(_padded(shown, width))
+    ideal_gain = _padded(ideal, width + 1)
+    ideal_dcg = _cum_dcg(ideal_gain[:, :width])
+    # A change at 0-based rank i (1 <= i <= the ideal's length) scores the nDCG of ranks < i.
+    change = (ideal_gain[:, 1:] != ideal_gain[:, :-1]) & (ideal_dcg > 0)
+    num_ideal = np.count_nonzero(ideal > 0, axis=1)
+    last = np.maximum(b.length - 1, 0)
+    rows = np.arange(b.size)
+    whole = (num_ideal >= 1) & (num_ideal + 1 < b.length)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_change = np.where(change, dcg / ideal_dcg, 0.0)
+        at_end = np.where(whole, dcg[rows, last] / ideal_dcg[:, -1], 0.0)
+    total = np.cumsum(np.concatenate((at_change, at_end[:, None]), axis=1), axis=1)[:, -1]
+    count = np.count_nonzero(change, axis=1) + whole
+    judged = b.num_rel > 0
+    return Ratio(np.where(judged, total, 0.0), np.where(judged, count, 0).astype(float))

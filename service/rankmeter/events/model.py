@@ -24,8 +24,11 @@ class Impression(msgspec.Struct, array_like=True, frozen=True):
     # estimation (debias/); "" when the event has no text.
     query_hash: str = ""
     # The user's bucket, ab/clusters.py `bucket_of(client_id)`, for experiments by user; -1
-    # without a client_id. (The id itself is not kept: the bucket is all they need.)
+    # without a client_id. (The id itself is not kept: the bucket is all they need ...
     user_bucket: int = -1
+    # ... and its 64-bit hash, `user_hash(client_id)`, which the arm's distinct users are
+    # counted by (ab/hll.py; -1 without one, or in a record stored before it was kept).
+    user_hash: int = -1
 
 
 class Feedback(msgspec.Struct, array_like=True, frozen=True):

@@ -8,7 +8,7 @@ import hashlib
 import unicodedata
 from datetime import datetime, timedelta, timezone
 
-from rankmeter.ab.clusters import bucket_of
+from rankmeter.ab.clusters import bucket_of, user_hash
 from rankmeter.config import MAX_GRADE, Settings, duration_ms
 from rankmeter.engine.query import first_occurrences
 from rankmeter.events.model import IMPRESSION_ACTION, Feedback, Impression, Rejected
@@ -28,6 +28,7 @@ class Rules:
 
     def __init__(self, settings: Settings) -> None:
         self.max_results = settings.limits.max_results
+        self.by_user = settings.ab.unit == "user"  # (the user's bucket: a hash, paid only when used)
         self.labels = dict(settings.evaluation.labels)
         self.grades = dict(settings.evaluation.grades)
         self.long_dwell_ms = settings.evaluation.long_dwell_ms
@@ -54,9 +55,11 @@ class Rules:
         if isinstance(ts, Rejected):
             return ts
         # A document repeated in the list keeps its first rank (brief §2).
+        # The user's hash (a BLAKE2b, 1.1 µs): paid only with ab.unit: user, which uses it.
+        user = user_hash(client_id) if client_id and self.by_user else -1
         return Impression(query_id, ranker, ts, first_occurrences(results), segment,
                           query_hash=query_hash(user_query) if user_query else "",
-                          user_bucket=bucket_of(client_id) if client_id else -1)
+                          user_bucket=bucket_of(user) if user != -1 else -1, user_hash=user)
 
     def known(self, action: str) -> bool:
         return action in ("judgment", IMPRESSION_ACTION) or action in self.grades

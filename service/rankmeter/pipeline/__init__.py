@@ -267,9 +267,10 @@ class Pipeline:
         """One look at the experiment over every partition's stored sums (experiments.Experiments.look)."""
         return self.experiments.look(save)
 
-    def look_at_position_bias(self, estimate_here: bool) -> None:
-        """Refresh the debiased measures' propensities (position_bias.PositionBias.look)."""
-        self.position_bias.look(estimate_here)
+    def look_at_position_bias(self, estimate_here: bool, now: float = 0.0) -> None:
+        """Refresh the debiased measures' propensities (position_bias.PositionBias.look);
+        `now`: the wall time, epoch seconds, exported as the estimate's."""
+        self.position_bias.look(estimate_here, now)
 
 
 def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Layout, windows: dict[str, int],

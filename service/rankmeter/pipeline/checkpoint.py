@@ -4,7 +4,8 @@
        and their event-time deadlines; the records closed, deleted (those that never had
        an impression counted as orphaned); the buckets changed (every bucket after a
        configuration change) and those past every window dropped; the A/B sums changed;
-       the metadata (layout history, lists being assembled) and the checkpoint's mark,
+       the users they enrolled (pipeline/users.py), the metadata (layout history, lists being
+       assembled) and the checkpoint's mark,
        `epoch:number`, which tells its owner later whether it was stored.
     2. Send (`send`): every partition's checkpoint in one `store.commit`, one round trip;
        the store applies each whole or refuses it (store.py, PartitionCheckpoint). If the
@@ -172,7 +173,7 @@ class Checkpoint:
         payloads = []
         resets: dict[int, list[Reset]] = {}
         pending = {p for p, ps in held.items()
-                   if ps.dirty_ab or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
+                   if ps.dirty_ab or ps.users or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
         harvested = {p for p in batch.harvest if harvest is not None and p in held and held[p].pair_sums is not None}
         for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending | harvested:
             ps = held[p]
@@ -200,6 +201,7 @@ class Checkpoint:
             rewrite = ps.buckets if ps.rewrite_buckets else batch.dirty_buckets.get(p, ())
             buckets = {b.encode(): ps.buckets[b].tobytes() for b in rewrite if b in ps.buckets}
             ab = {f: ps.ab[f].tobytes() for f in (ps.ab if ps.rewrite_buckets else ps.dirty_ab)}
+            users, ps.users = {arm: sorted(u) for arm, u in ps.users.items()}, {}
             ps.rewrite_buckets = False
             ps.dirty_ab = set()
             dropped_fields = [b.encode() for b in dropped] + ps.drop_fields
@@ -217,7 +219,7 @@ class Checkpoint:
                 partition=p, epoch=ps.epoch, layout=writing.layout, offsets=dict(ps.offsets),
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
-                meta_deleted=meta_deleted, expect=expect))
+                meta_deleted=meta_deleted, expect=expect, users=users))
         due = {p: batch.harvest[p] for p in harvested}
         completing = functools.partial(harvest, due) if due else None
         return cls(ledger, payloads, batch.counts, batch.advanced, settled, resets, completing)

@@ -22,6 +22,7 @@ from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.labels import Labels
 from rankmeter.pipeline.phases import Phase
 from rankmeter.pipeline.state import PAIRS, PartitionState
+from rankmeter.pipeline.users import arm_users, enrolled
 from rankmeter.store import Store
 from rankmeter.unreadable import Unreadable
 from rankmeter.windows import Layout
@@ -99,8 +100,7 @@ class Experiments:
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from its phase's start on.
         self.phase = Phase(settings, store, layout, unreadable)
-        start = settings.ab.interleaving_start
-        self.interleaving_start: int | None = time_ms(start) if start else None
+        self.interleaving_start = time_ms(settings.ab.interleaving_start) if settings.ab.interleaving_start else None
         self._notes: tuple[str, ...] = ()
         self.by_user = settings.ab.unit == "user"
         self.units_missing = 0  # impressions of an experiment by user without a client_id: left out
@@ -185,6 +185,7 @@ class Experiments:
                 continue
             field = f"{experiment}\x1f{record.ranker_label}\x1f{record.segment_label}"
             if self.by_user:  # the user's bucket: whole users per bucket, independent clusters
+                enrolled(self.held[k.partition], field, record)  # (and the arm's distinct users)
                 field += f"\x1f{record.impression.user_bucket}"
             ps = self.held[k.partition]
             sums = ps.ab.get(field)
@@ -266,9 +267,10 @@ class Experiments:
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
         # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
-        result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled)
+        result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled,
+                               arm_users(self.store, stored, experiment, self.unreadable) if self.by_user else None)
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
-        notes = phase.notes(names) + ((waiting_note(tested_from),) if waiting else ())
+        notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ())
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit)
         if notes != self._notes:
@@ -332,7 +334,6 @@ class Experiments:
         return True
 
     def _unreadable(self, p: int, field: str, data: bytes) -> bool:
-        problem = ab_problem(field, data)
-        if problem is not None:
+        if (problem := ab_problem(field, data)) is not None:
             self.unreadable.skip(problem[0], f"{{{p}}}:ab", field, problem[1])
         return problem is not None

@@ -19,6 +19,11 @@ from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import PartitionCheckpoint, Store
 
+# A cached ideal is weighed anew once its text's harvest has grown by this factor: an
+# ideal over a thin harvest overstates (the top of noisy estimates), and a replay or a
+# catch-up reads hours of traffic between two looks.
+IDEAL_REFRESH_GROWTH = 1.25
+
 
 class PositionBias:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState]) -> None:
@@ -33,7 +38,8 @@ class PositionBias:
         # model chosen, the fit test's reason; decided by partition 0's holder from every
         # partition's sums, read by all.
         self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
-        self._ideals: dict[tuple[str, int], float | None] = {}  # (query text, depth) -> pooled ideal DCG
+        # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
+        self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
 
     @property
@@ -160,22 +166,24 @@ class PositionBias:
 
     def _ideal(self, query: str, depth: int) -> float | None:
         """The query text's pooled ideal DCG under the chosen model, cached until the next
-        look (every 5 s in serve): what that text's harvest adds meanwhile waits until
-        then (recomputing a popular text's ideal at each of its harvests cost more than
-        the rest of the correction)."""
+        look (every 5 s in serve) or until its harvest has grown by IDEAL_REFRESH_GROWTH
+        (recomputing a popular text's ideal at each of its harvests cost more than the
+        rest of the correction; a few times per doubling costs little)."""
         if not self.measures or not query:
             return None
-        key = (query, depth)
-        if key not in self._ideals:
-            self._ideals[key] = self.tables.ideal_dcg(query, depth)
-        return self._ideals[key]
+        key, support = (query, depth), self.tables.support(query)
+        cached = self._ideals.get(key)
+        if cached is None or (support > cached[1] and support >= IDEAL_REFRESH_GROWTH * cached[1]):
+            cached = self._ideals[key] = (self.tables.ideal_dcg(query, depth), support)
+        return cached[0]
 
-    def look(self, estimate_here: bool) -> None:
+    def look(self, estimate_here: bool, now: float = 0.0) -> None:
         """Refresh the click models the debiased measures use. Partition 0's holder
         estimates both from every partition's stored sums, runs the fit test (its previous
         decision, stored with the estimate, picks the thresholds: a new holder carries on
         the hysteresis) and stores the result; the other replicas read it, so all weigh and
-        withdraw alike."""
+        withdraw alike. `now`: the estimate's time (epoch seconds), stored and exported
+        with it (0: not known)."""
         d = self.settings.debias
         if not self.measures:
             return
@@ -188,7 +196,7 @@ class PositionBias:
             if not vectors:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
-            found = decide(sum(vectors), d.ranks, d.min_pairs, previous)
+            found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
             self.store.save_running(name, to_fields(found), self.held[0].epoch)
         else:
             kept = from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))

@@ -35,6 +35,7 @@ class PartitionState:
         self.buckets = buckets
         self.ab: dict[str, np.ndarray] = {}     # experiment␟ranker␟segment -> cumulative arm sums
         self.dirty_ab: set[str] = set()
+        self.users: dict[str, set[int]] = {}    # experiment␟ranker␟segment -> users its next checkpoint adds
         self.rewrite_buckets = False             # converted from another layout: the next checkpoint writes all
         self.history: list[str] = []             # layout fingerprints, oldest first (records name an index)
         self.meta: dict[str, str] = {}           # partition metadata the next checkpoint writes

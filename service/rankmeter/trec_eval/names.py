@@ -12,11 +12,11 @@ is refused.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from rankmeter.engine import Measure, parse
+from rankmeter.engine.gains import finite_number as _number
 
 
 class Column(NamedTuple):
@@ -75,16 +75,6 @@ def _multiple(text: str, value: float) -> None:
 def cutoff_text(value: float) -> str:
     """A cut-off as the engine's names write it (no exponent), to 17 decimals."""
     return f"{value:.17f}".rstrip("0").rstrip(".")
-
-
-def _number(text: str, what: str = "") -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{what}{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{what}{text!r} is not a finite number")
-    return value
 
 
 def single(name: str, ours: str, kind: str = "double", summary: str = "mean", per_query: bool = True) -> Builder:
@@ -147,6 +137,31 @@ def persistence(name: str, ours: str) -> Builder:
     return build
 
 
+def gained(name: str, ours: str) -> Builder:
+    """ndcg, G, ndcg_rel, Rndcg: `level=gain` pairs (gain_init.c), other names ignored as
+    trec_eval ignores them; a level below 0 (trec_eval's unjudged and unpooled documents) is
+    refused."""
+    def build(param: str | None, opt: Options) -> list[Column]:
+        table: dict[int, float] = {}
+        for pair in param.split(",") if param else []:
+            key, _, value = pair.partition("=")
+            if not value:
+                raise ValueError(f"malformed pair parameters in {param!r}")
+            body = key[1:] if key[:1] in ("+", "-") else key
+            if not (body.isascii() and body.isdigit()):  # valid_int: not a level, ignored
+                continue
+            if int(key) < 0:
+                raise ValueError(f"a gain for level {int(key)} (unjudged documents) is not supported")
+            if int(key) in table:
+                raise ValueError(f"level {int(key)} is given two gains")
+            table[int(key)] = _number(value)
+            if int(key) == 0 and table[0] > 0:  # level-0 documents would join the ideal ranking
+                raise ValueError("a positive gain for level 0 is not implemented")
+        gains = ";".join(f"{level}:{gain!r}" for level, gain in table.items())
+        return [Column(_label(name, param), parse(f"{ours}(gains={gains})" if gains else ours))]
+    return build
+
+
 def relstring(param: str | None, opt: Options) -> list[Column]:
     length = 10 if param is None else int(_number(param))
     return [Column(_label("relstring", param), None, kind=str(length), summary="none")]
@@ -173,7 +188,11 @@ TABLE: dict[str, Builder] = {
     "Rprec_mult": cut("Rprec_mult", "RprecMult", tuple(i / 5 for i in range(1, 11)), is_float=True),
     "utility": utility,
     "11pt_avg": eleven_point,
-    "ndcg": single("ndcg", "nDCG"),
+    "binG": single("binG", "BinG"),
+    "G": gained("G", "G"),
+    "ndcg": gained("ndcg", "nDCG"),
+    "ndcg_rel": gained("ndcg_rel", "nDCGRel"),
+    "Rndcg": gained("Rndcg", "RnDCG"),
     "ndcg_cut": cut("ndcg_cut", "nDCG", LONG_CUTS),
     "map_cut": cut("map_cut", "AP", LONG_CUTS),
     "relative_P": cut("relative_P", "RelP", LONG_CUTS),
@@ -190,8 +209,7 @@ TABLE: dict[str, Builder] = {
 }
 
 # trec_eval measures not implemented yet: refused by name with this reason.
-MISSING = {name: "not implemented yet" for name in ("binG", "G", "ndcg_rel", "Rndcg", "dcg", "ideal_dcg",
-                                                      "ndcg_p", "yaap")}
+MISSING = {name: "not implemented yet" for name in ("dcg", "ideal_dcg", "ndcg_p", "yaap")}
 MISSING.update({name: "a preference / judgment-group measure (-R prefs, qrels_prefs, qrels_jg): not supported"
                 for name in ("prefs_num_prefs_poss", "prefs_num_prefs_ful", "prefs_num_prefs_ful_ret",
                              "prefs_simp", "prefs_pair", "prefs_avgjg", "prefs_avgjg_Rnonrel", "prefs_simp_ret",

@@ -5,7 +5,7 @@ meas_avg.c, meas_print_single.c, meas_print_final.c).
   one scoring as an empty ranking (trec_eval's bogus one-document ranking, then zeroed).
 - A ranking is ordered by score, ties by document id descending; -M N keeps its top N,
   then -J drops the documents without a judgment (none, or a negative one).
-- Grades are whole numbers, as trec_eval's atol reads them; -l too.
+- Grades are whole numbers, as trec_eval's atol reads them (trec.atol: `1e3` is 1); -l too.
 - Output lines are `%-22s\t%s\t%6.4f` (counts `%ld`); with -q each query's lines come
   first, in trec_eval's measure order, then the `all` lines: means over the queries,
   sums for the num_* counts, geometric means (of max(value, 0.00001)) for gm_*.
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, TextIO
 
 from rankmeter.engine import Measure, parse, stack_scored
-from rankmeter.trec import InputError, rank, read_qrels, read_run
+from rankmeter.trec import InputError, gc_paused, rank, read_qrels, read_run
 from rankmeter.trec_eval.names import Column, cutoff_text
 
 MIN_GEO_MEAN = 0.00001  # trec_eval.h
@@ -32,12 +32,6 @@ class Flags(NamedTuple):
     level: int = 1                # -l
     summary: bool = True          # not -n
     rounding: str = "lround"
-
-
-def _whole(grades: dict[str, float]) -> dict[str, float]:
-    if all(g.is_integer() for g in grades.values()):
-        return grades
-    return {d: float(math.trunc(g)) for d, g in grades.items()}
 
 
 def _select(scores: dict[str, float], grades: dict[str, float], flags: Flags) -> dict[str, float]:
@@ -58,16 +52,17 @@ def _relstring(grades: Sequence[float], judged: Sequence[bool]) -> str:
 
 
 def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, out: TextIO) -> None:
-    qrels = read_qrels(qrels_path)
-    run = read_run(run_path)
-    qids = sorted(qrels) if flags.complete else sorted(q for q in run if q in qrels)
-    if not qids:
-        raise InputError(run_path, None, f"no query of this run has judgments in {qrels_path}")
-    grades = [_whole(qrels[q]) for q in qids]
-    scores = [run.get(q, {}) for q in qids]
-    if flags.max_docs is not None or flags.judged_only:
-        scores = [_select(s, g, flags) for s, g in zip(scores, grades)]
-    batch = stack_scored(scores, grades, flags.level)
+    with gc_paused():  # millions of small objects, no cycles: see trec.gc_paused
+        qrels = read_qrels(qrels_path, atol=True)
+        run = read_run(run_path)
+        qids = sorted(qrels) if flags.complete else sorted(q for q in run if q in qrels)
+        if not qids:
+            raise InputError(run_path, None, f"no query of this run has judgments in {qrels_path}")
+        grades = [qrels[q] for q in qids]
+        scores = [run.get(q, {}) for q in qids]
+        if flags.max_docs is not None or flags.judged_only:
+            scores = [_select(s, g, flags) for s, g in zip(scores, grades)]
+        batch = stack_scored(scores, grades, flags.level)
     bogus = [q not in run for q in qids]
     values: dict[Measure, list[float]] = {}
 
