@@ -159,7 +159,8 @@ class Checkpoint:
     @classmethod
     def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
               settled: Callable[[list[int]], None],
-              harvest: Callable[[Mapping[int, list[str]], Mapping[int, PartitionCheckpoint]], None] | None = None
+              harvest: Callable[[Mapping[int, Mapping[str, QueryRecord]], Mapping[int, PartitionCheckpoint]], None]
+              | None = None
               ) -> Checkpoint:
         """Step 1. `harvest(due, payloads)` runs at step 2, before the commit: the batch's
         queries whose clicks are final, into the position-bias tables and their partitions'
@@ -175,6 +176,9 @@ class Checkpoint:
         pending = {p for p, ps in held.items()
                    if ps.dirty_ab or ps.users or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
         harvested = {p for p in batch.harvest if harvest is not None and p in held and held[p].pair_sums is not None}
+        # The records to harvest, taken now: the eviction below drops the expired ones from
+        # the cache, and a query can be final and expire in the same sweep.
+        due = {p: {q: r for q in batch.harvest[p] if (r := held[p].records.get(q)) is not None} for p in harvested}
         for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending | harvested:
             ps = held[p]
             ps.offsets.update(batch.advanced.get(p, {}))
@@ -220,7 +224,6 @@ class Checkpoint:
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
                 meta_deleted=meta_deleted, expect=expect, users=users))
-        due = {p: batch.harvest[p] for p in harvested}
         completing = functools.partial(harvest, due) if due else None
         return cls(ledger, payloads, batch.counts, batch.advanced, settled, resets, completing)
 

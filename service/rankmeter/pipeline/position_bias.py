@@ -75,7 +75,8 @@ class PositionBias:
         """Weigh the ideals anew, with the harvest since the last look."""
         self._ideals = {}
 
-    def harvest_into(self, due: Mapping[int, list[str]], payloads: Mapping[int, PartitionCheckpoint]) -> None:
+    def harvest_into(self, due: Mapping[int, Mapping[str, QueryRecord]],
+                     payloads: Mapping[int, PartitionCheckpoint]) -> None:
         """`harvest`, as the batch's checkpoint is sent (`Checkpoint.send`, before the commit):
         the pair sums it moves go into that checkpoint's `payloads` (built, not yet sent).
         In serve this runs on the checkpoint's thread while the next batch is read, off the
@@ -88,20 +89,21 @@ class PositionBias:
                 payloads[p].ab[PAIRS] = ps.ab[PAIRS].tobytes()
                 ps.dirty_ab.discard(PAIRS)
 
-    def harvest(self, due: Mapping[int, list[str]]) -> None:
+    def harvest(self, due: Mapping[int, Mapping[str, QueryRecord]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
         position-bias harvest, once each (`debias.propensity`); what they add to the pair
-        sums goes to their partition's, stored with its checkpoint (`harvest_into`)."""
+        sums goes to their partition's, stored with its checkpoint (`harvest_into`).
+        `due`: partition -> query_id -> its record, as the batch held it when its
+        checkpoint was built (an expired one is no longer in the cache)."""
         if not self.measures:
             return
-        for p, qids in due.items():
+        for p, records in due.items():
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
             before = self.tables.vector()
-            for qid in qids:
-                record = ps.records.get(qid)
-                if record is not None and record.impression is not None:
+            for qid, record in records.items():
+                if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
                                         set(record.clicked), record.implicit)
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
