@@ -169,3 +169,44 @@ def test_the_harvest_runs_as_the_checkpoint_is_sent_and_is_stored_with_it(monkey
     assert pipeline.position_bias.tables.pbm.entries  # harvested
     assert moved["apply"] == 0 and moved["send"] > 0
     assert stored_behind == []
+
+
+class QuietBus(Bus):
+    """A broker with nothing more to read: an empty poll waits its whole timeout (as Kafka's
+    does), until the test ends it."""
+
+    def __init__(self) -> None:
+        super().__init__(partitions=1)
+        self.ended = threading.Event()
+
+    def poll(self, timeout_ms, max_records):
+        records = super().poll(0, max_records)
+        if not records:
+            self.ended.wait(timeout_ms / 1000)
+        return records
+
+
+def test_the_last_batch_before_a_quiet_spell_is_confirmed_without_waiting_for_a_poll_timeout():
+    """Its commit answered, the batch is counted and its offsets handed to Kafka at once, not
+    once the next (blocking) poll gives up: the loop does not block on the broker while a
+    checkpoint is in flight."""
+    settings = config.load(None, {"RANKMETER_KAFKA_POLL_TIMEOUT_MS": "60000"})
+    settings = msgspec.structs.replace(settings, metrics=msgspec.structs.replace(settings.metrics, port=0))
+    bus, stop, started = QuietBus(), threading.Event(), {}
+    for topic, key, value in query("q1"):
+        bus.send(topic, key, value)
+    server = threading.Thread(target=run, args=(settings, bus, MemoryStore(), stop, lambda p, port: started.update(
+        pipeline=p)), daemon=True)
+    server.start()
+    try:
+        deadline = time.monotonic() + 10  # well short of the poll timeout
+        while (not started or sum(started["pipeline"].events.values()) < 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dict(started["pipeline"].events) == {("impressions", "applied"): 1, ("feedback", "applied"): 1}
+        topics = (settings.kafka.impressions_topic, settings.kafka.feedback_topic)
+        assert bus.committed_offsets == {(t, 0): 1 for t in topics}
+    finally:
+        stop.set()
+        bus.ended.set()
+        server.join(timeout=20)
+    assert not server.is_alive()

@@ -18,6 +18,11 @@ class InFlight:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankmeter-checkpoint")
         self._sent: tuple[Checkpoint, Future[None]] | None = None
 
+    @property
+    def outstanding(self) -> bool:
+        """A checkpoint sent and not settled yet."""
+        return self._sent is not None
+
     def send(self, checkpoint: Checkpoint) -> None:
         """Step 2 (pipeline/checkpoint.py), from the worker thread."""
         if self._sent is not None:

@@ -154,7 +154,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 reload[0] = False
                 lag.restart()
                 continue
-            records = source.poll(k.poll_timeout_ms, k.max_poll_records)
+            # With a commit in flight, take only what the consumer holds already: in a quiet
+            # spell a blocking poll would hold the batch's confirmation for its whole timeout.
+            records = source.poll(0 if inflight.outstanding else k.poll_timeout_ms, k.max_poll_records)
             health.beat()
             _watch_source(source, health)
             batch = None
