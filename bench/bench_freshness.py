@@ -26,6 +26,11 @@ Per backend, a `rankmeter serve` process on fresh 4-partition topics:
 4. **Costs per event** in each probing phase, for docs/capacity.md: the serve process's CPU
    time (/proc), and Redis's CPU time, commands and bytes received (`INFO`; the Redis is
    shared, so these are upper bounds), each over the events consumed.
+5. **The position-bias harvest runs** (issue 24: freshness "with the harvest on"): every
+   event carries the time it was produced, and serve attributes clicks for `HARVEST_ENV`'s
+   few seconds, so queries become final, and are harvested, within each level; the queries
+   harvested meanwhile (`rankmeter_propensity_harvested_queries_total`) are reported with
+   it, and bench/summary.py counts the row as measured only if some were.
 """
 
 from __future__ import annotations
@@ -56,19 +61,24 @@ PROBE_EVERY_S = 0.05  # 500 probes in 25 s: a p99 over 50 would be the largest
 POLL_S = 0.05
 QUERIES = re.compile(rb'^rankmeter_queries\{([^}]*)\} (\S+)$', re.M)
 PROBE_LABELS = {b'ranker="probe"', b'window="5m"', b'population="all"'}
+# Clicks final 3 s after their impression (default 35 min): the harvest, on by default,
+# runs within a level, as it does live. (Judgments keep their 24 h: queries stay open.)
+HARVEST_ENV = {"RANKMETER_WINDOWS_ATTRIBUTION": "2s", "RANKMETER_WINDOWS_GRACE": "1s"}
+HARVESTED = "rankmeter_propensity_harvested_queries_total"
 
 
 class Mix:
     """bench_serve's event mix, rendered from byte templates (cheap enough to pace 40,000/s
-    from one Python thread): query ids unique per `tag`."""
+    from one Python thread): query ids unique per `tag`; each query's events at the time it
+    is rendered (event time moves on, and with it the harvest)."""
 
     def __init__(self, tag: str, seed: int = 1) -> None:
         self.tag, self.rnd, self.q = tag, random.Random(seed), 0
-        self.now = int(time.time() * 1000)
 
     def query(self) -> list[tuple[str, bytes, bytes]]:
         rnd, qid = self.rnd, f"{self.tag}-{self.q}"
         self.q += 1
+        self.now = int(time.time() * 1000)
         results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
         out = [("impressions", qid.encode(), (
             '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d,"results":["%s"]}'
@@ -143,6 +153,10 @@ def events_total(serve: Serve) -> float:
     return sum(serve.events().values())
 
 
+def harvested(serve: Serve) -> float:
+    return sum(v for (name, _), v in serve.metrics().items() if name == HARVESTED)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -168,6 +182,7 @@ def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float,
     time.sleep(2)  # into the steady state
     client = redis.Redis.from_url(redis_url)
     consumed_before, cpu_before, redis_before = events_total(serve), cpu_seconds(serve.process.pid), redis_counters(client)
+    harvested_before = harvested(serve)
     delays, scrapes, started = [], [], time.perf_counter()
     while not probing and time.perf_counter() - started < seconds:
         time.sleep(0.1)
@@ -203,6 +218,7 @@ def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float,
     probes_sent[0] += len(sent)
     probe.flush(10)
     consumed = events_total(serve) - consumed_before
+    harvested_queries = harvested(serve) - harvested_before
     serve_cpu = cpu_seconds(serve.process.pid) - cpu_before
     redis_cpu, commands, received = (b - a for a, b in zip(redis_before, redis_counters(client)))
     elapsed = time.perf_counter() - started
@@ -212,7 +228,7 @@ def freshness(bootstrap: str, redis_url: str, topics, serve: Serve, rate: float,
     return {"rate": rate, "sent": load.sent, "consumed": consumed, "probes": len(delays) if probing else 0,
             "consumed_per_s": consumed / elapsed, "serve_cpu_us": serve_cpu / consumed * 1e6,
             "redis_cpu_us": redis_cpu / consumed * 1e6, "redis_commands": commands / consumed,
-            "redis_bytes_in": received / consumed,
+            "redis_bytes_in": received / consumed, "harvested": harvested_queries,
             "p50": statistics.median(delays), "p99": delays[min(len(delays) - 1, int(0.99 * len(delays)))],
             "max": delays[-1], "scrape": statistics.median(scrapes) if scrapes else float("nan"),
             "scrapes_per_probe": len(scrapes) / max(len(delays), 1)}
@@ -245,7 +261,7 @@ def run_backend(bootstrap: str, redis_url: str, backend: str, args, logs: Path) 
     memory_before = used_memory(redis_url)
     prefix = f"fresh-{uuid.uuid4().hex[:6]}"
     serve = Serve(bootstrap, redis_url, topics, f"fresh-{uuid.uuid4().hex[:6]}", prefix,
-                  {"RANKMETER_KAFKA_BACKEND": backend}, log_path=logs / f"serve-{backend}.log")
+                  {"RANKMETER_KAFKA_BACKEND": backend, **HARVEST_ENV}, log_path=logs / f"serve-{backend}.log")
     out: dict = {"backend": backend}
     try:
         serve.start(create_topics=None)
@@ -271,7 +287,8 @@ def run_backend(bootstrap: str, redis_url: str, backend: str, args, logs: Path) 
             r = out[name]
             print(f"[{backend}] {rate:,.0f}/s: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms "
                   f"({r['probes']} probes, {r['scrapes_per_probe']:.1f} scrapes each of {r['scrape'] * 1000:.1f} ms; "
-                  f"consumed {r['consumed']:,.0f} of {r['sent']:,} sent)", file=sys.stderr)
+                  f"consumed {r['consumed']:,.0f} of {r['sent']:,} sent; {r['harvested']:,.0f} queries harvested)",
+                  file=sys.stderr)
             if name == "5000":
                 time.sleep(1.5)  # a sweep refreshes the open-query count
                 open_queries = next(v for (n, _), v in serve.metrics().items() if n == "rankmeter_open_queries")
@@ -299,15 +316,16 @@ def main() -> int:
     results = [run_backend(bootstrap, redis_url, b, args, logs) for b in args.backend or ("kafka-python", "confluent")]
     print(f"seconds_per_level={args.seconds:g} probe_every_s={PROBE_EVERY_S} poll_s={POLL_S} backlog={args.backlog}")
     print("| backend | catching up (events/s) | live maximum | load (events/s) | consumed (events/s) | probes | p50 "
-          "| p99 | max | serve CPU / event | Redis CPU / event | Redis commands / event | bytes to Redis / event |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| p99 | max | serve CPU / event | Redis CPU / event | Redis commands / event | bytes to Redis / event "
+          "| queries harvested |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for name in ("5000", "80pct"):
             f = r[name]
             print(f"| {r['backend']} | {r['max']:,.0f} | {r['live_max']:,.0f} | {f['rate']:,.0f} | {f['consumed_per_s']:,.0f} | "
                   f"{f['probes']} | {f['p50'] * 1000:.0f} ms | {f['p99'] * 1000:.0f} ms | {f['max'] * 1000:.0f} ms | "
                   f"{f['serve_cpu_us']:.1f} µs | {f['redis_cpu_us']:.2f} µs | {f['redis_commands']:.4f} | "
-                  f"{f['redis_bytes_in']:.0f} |")
+                  f"{f['redis_bytes_in']:.0f} | {f['harvested']:,.0f} |")
     for r in results:
         key = r["backend"].replace("-", "_")
         print(f"freshness_p99_ms_at_80pct_{key}={r['80pct']['p99'] * 1000:.0f}")
@@ -319,6 +337,7 @@ def main() -> int:
             "p50_ms_at_5000": r["5000"]["p50"] * 1000, "p99_ms_at_5000": r["5000"]["p99"] * 1000,
             "p50_ms_at_80pct": r["80pct"]["p50"] * 1000, "p99_ms_at_80pct": r["80pct"]["p99"] * 1000,
             "probes_at_5000": r["5000"]["probes"], "probes_at_80pct": r["80pct"]["probes"],
+            "harvested_at_5000": r["5000"]["harvested"], "harvested_at_80pct": r["80pct"]["harvested"],
             "consumed_per_s_at_80pct": r["80pct"]["consumed_per_s"],
             "redis_bytes_per_open_query": r["bytes_per_open_query"],
             "used_memory_per_open_query": r["used_memory_per_open_query"], "open_queries": r["open_queries"],

@@ -112,10 +112,14 @@ def rows(r: dict[str, dict]) -> list[tuple[str, str, str, str]]:
         row(f"freshness p99 ≤ 150 ms at 5,000/s ({name}, ≥ 500 probes)",
             f"{_n(p99_5k)} ms (p50 {_n(_get(b, 'p50_ms_at_5000'))} ms, {_n(probes_5k)} probes)",
             None if p99_5k is None else p99_5k <= 150 and (probes_5k or 0) >= 500, "bench_freshness")
+        # "Harvest on" only if the harvest ran during the level (an older run did not record it,
+        # and its traffic never harvested): else the row is unmeasured, whatever the p99.
+        harvested = _get(b, "harvested_at_80pct")
         row(f"freshness p99 ≤ 250 ms at 80% of max ({name}, harvest on, ≥ 500 probes)",
             f"{_n(p99_80)} ms at {_n(_get(b, 'rate_80pct'))} /s (p50 {_n(_get(b, 'p50_ms_at_80pct'))} ms, "
-            f"{_n(probes_80)} probes)",
-            None if p99_80 is None else p99_80 <= 250 and (probes_80 or 0) >= 500, "bench_freshness")
+            f"{_n(probes_80)} probes, {_n(harvested)} queries harvested)",
+            None if p99_80 is None else (p99_80 <= 250 and (probes_80 or 0) >= 500) if harvested else
+            "unmeasured (no harvest)", "bench_freshness")
     per_query = [v for v in (_get(fresh, "backends", b, "redis_bytes_per_open_query")
                              for b in ("kafka_python", "confluent")) if v is not None]
     row("Redis bytes per open query ≤ 1 KiB", f"{_n(max(per_query)) if per_query else '—'} B",

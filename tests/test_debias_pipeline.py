@@ -359,6 +359,7 @@ def test_a_query_harvested_and_expired_in_the_same_sweep_is_harvested(monkeypatc
     clock.ms = late + 7000
     pipeline.process(bus.poll(0, 100))
     assert sorted(q for q in observed if q.startswith("a")) == sorted(f"a{i}" for i in range(20))
+    assert pipeline.readout.harvested() == len(observed)  # rankmeter_propensity_harvested_queries_total
 
 
 def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from_the_store():

@@ -98,7 +98,7 @@ class Pipeline:
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
             unreadable=self.unreadable.counts, click_fit=lambda: bias.look_result,
-            ab_units_missing=lambda: experiments.units_missing,
+            ab_units_missing=lambda: experiments.units_missing, harvested=lambda: bias.harvested,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----

@@ -41,6 +41,7 @@ class PositionBias:
         # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
         self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
+        self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
 
     @property
     def harvester(self) -> Harvester | None:
@@ -106,6 +107,7 @@ class PositionBias:
                 if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
                                         set(record.clicked), record.implicit)
+                    self.harvested += 1
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
