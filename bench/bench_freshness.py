@@ -70,7 +70,7 @@ HARVESTED = "rankmeter_propensity_harvested_queries_total"
 class Mix:
     """bench_serve's event mix, rendered from byte templates (cheap enough to pace 40,000/s
     from one Python thread): query ids unique per `tag`; each query's events at the time it
-    is rendered (event time moves on, and with it the harvest)."""
+    is rendered (event time moves on, and with it the harvest), with a query text."""
 
     def __init__(self, tag: str, seed: int = 1) -> None:
         self.tag, self.rnd, self.q = tag, random.Random(seed), 0
@@ -80,9 +80,11 @@ class Mix:
         self.q += 1
         self.now = int(time.time() * 1000)
         results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
+        # A query text (one of 1,000): the position-bias harvest pools by text, and skips a
+        # query without one.
         out = [("impressions", qid.encode(), (
-            '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d,"results":["%s"]}'
-            % (qid, self.q % 2, self.now, '","'.join(results))).encode())]
+            '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d,"user_query":"text %d","results":["%s"]}'
+            % (qid, self.q % 2, self.now, rnd.randrange(1000), '","'.join(results))).encode())]
         for i in range(rnd.randint(1, 7)):
             doc = rnd.choice(results)
             if i == 0 and rnd.random() < 0.2:
