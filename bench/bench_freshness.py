@@ -65,26 +65,29 @@ PROBE_LABELS = {b'ranker="probe"', b'window="5m"', b'population="all"'}
 # runs within a level, as it does live. (Judgments keep their 24 h: queries stay open.)
 HARVEST_ENV = {"RANKMETER_WINDOWS_ATTRIBUTION": "2s", "RANKMETER_WINDOWS_GRACE": "1s"}
 HARVESTED = "rankmeter_propensity_harvested_queries_total"
+TEXTS = 1000  # query texts in the mix (the harvest pools by text)
 
 
 class Mix:
     """bench_serve's event mix, rendered from byte templates (cheap enough to pace 40,000/s
-    from one Python thread): query ids unique per `tag`; each query's events at the time it
-    is rendered (event time moves on, and with it the harvest), with a query text."""
+    from one Python thread): query ids unique per `tag`; each query's events at `now` (the
+    caller's event time), else at the time it is rendered (event time moves on, and with it
+    the harvest). `texts`: a query text (one of that many) on each impression, which the
+    position-bias harvest needs (it pools by text and skips a query without one)."""
 
-    def __init__(self, tag: str, seed: int = 1) -> None:
-        self.tag, self.rnd, self.q = tag, random.Random(seed), 0
+    def __init__(self, tag: str, seed: int = 1, texts: int = 0) -> None:
+        self.tag, self.rnd, self.q, self.texts = tag, random.Random(seed), 0, texts
+        self.now: int | None = None
 
     def query(self) -> list[tuple[str, bytes, bytes]]:
         rnd, qid = self.rnd, f"{self.tag}-{self.q}"
         self.q += 1
-        self.now = int(time.time() * 1000)
+        now = self.now if self.now is not None else int(time.time() * 1000)
+        text = ',"user_query":"text %d"' % rnd.randrange(self.texts) if self.texts else ""
         results = [f"doc{rnd.randrange(5000)}" for _ in range(10)]
-        # A query text (one of 1,000): the position-bias harvest pools by text, and skips a
-        # query without one.
         out = [("impressions", qid.encode(), (
-            '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d,"user_query":"text %d","results":["%s"]}'
-            % (qid, self.q % 2, self.now, rnd.randrange(1000), '","'.join(results))).encode())]
+            '{"query_id":"%s","ranker":"bm25-%d","timestamp":%d%s,"results":["%s"]}'
+            % (qid, self.q % 2, now, text, '","'.join(results))).encode())]
         for i in range(rnd.randint(1, 7)):
             doc = rnd.choice(results)
             if i == 0 and rnd.random() < 0.2:
@@ -94,7 +97,7 @@ class Mix:
                     rnd.choice(("click", "click", "click", "add_to_cart", "purchase")), rnd.randrange(60_000))
             out.append(("feedback", qid.encode(), (
                 '{"query_id":"%s","doc_id":"%s","timestamp":%d,"event_id":"%s-%d",%s}'
-                % (qid, doc, self.now, qid, i, event)).encode()))
+                % (qid, doc, now, qid, i, event)).encode()))
         return out
 
 
@@ -106,7 +109,7 @@ def producer(bootstrap: str):
 
 
 def produce_backlog(bootstrap: str, topics, events: int) -> int:
-    p, mix, sent = producer(bootstrap), Mix("backlog"), 0
+    p, mix, sent = producer(bootstrap), Mix("backlog", texts=TEXTS), 0
     while sent < events:
         for kind, key, value in mix.query():
             p.produce(getattr(topics, kind), value, key)
@@ -126,7 +129,7 @@ class Load(threading.Thread):
         self.sent = 0
 
     def run(self) -> None:
-        p, mix, pending = producer(self.bootstrap), Mix(self.tag), []
+        p, mix, pending = producer(self.bootstrap), Mix(self.tag, texts=TEXTS), []
         started = time.perf_counter()
         while not self.stop.is_set():
             due = int(self.rate * (time.perf_counter() - started)) - self.sent
