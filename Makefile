@@ -14,12 +14,12 @@ help:
 	@echo "make test           set everything up, start Kafka/Redis/Prometheus, run the whole suite, stop them"
 	@echo "make services       start the real services on 127.0.0.1 and print their RANKMETER_* settings"
 	@echo "make services-down  stop what 'make services' started"
-	@echo "make bench          every issue-10 benchmark against the real services, then one table of the targets (~25 min)"
+	@echo "make bench          every benchmark of issues 10 and 24 against the real services, then one table of the targets (~25 min)"
 	@echo "make bench-scrape   /metrics scrape cost, 100 rankers, 1,000 vs 100,000 open queries (~1 min)"
 	@echo "make bench-freshness  production-to-/metrics delay per Kafka backend, Redis bytes per open query (~3 min)"
 	@echo "make bench-soak     serve's RSS over 5,000,000 events per Kafka backend (~8 min; BENCH_ARGS=\"--events 500000\")"
 	@echo "make bench-replicas 1, 2, 3 serve replicas: events/s and the CPU split serve/broker/Redis (~6 min)"
-	@echo "make bench-summary  the table of issue-10 targets from what bench/results/ holds"
+	@echo "make bench-summary  the table of issue-24 targets from what bench/results/ holds"
 	@echo "make bench-alerts   alert quality on a simulated week (BENCH_ARGS=\"--seed 12 --days 7\")"
 	@echo "make docs           build docs/ as a site in strict mode (a broken link or a page missing from nav fails)"
 	@echo "make demo           simulator + live pipeline + /metrics in one process, with a live table"
@@ -48,7 +48,7 @@ test-unit: venv
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # Each benchmark writes its figures to bench/results/<name>.json; bench/summary.py prints
-# one table of issue 10's targets from them (docs/benchmarks.md).
+# one table of issue 24's targets from them (docs/benchmarks.md).
 bench: venv
 	@scripts/run-tests.sh $(BIN)/python bench/bench_eval.py
 	@scripts/run-tests.sh $(BIN)/python bench/bench_serve.py

@@ -12,11 +12,15 @@ with `kafka.backend` kafka-python and confluent, two kafka-python replicas, and 
 Streams peer (bench/quix_peer.py: the per-query join and nDCG@10 in its RocksDB state;
 measured when quixstreams is installed, `.venv/bin/pip install quixstreams`). Each rate is
 counted from the first record to the last; the ratios of the medians are the figures to
-report, as the machine is shared and absolute rates drift.
+report, as the machine is shared and absolute rates drift. Beside each serve rate, the
+serve processes' CPU µs per event over the same span (/proc utime + stime), and the
+pipeline alone's (its process's CPU time over its batches): the cost that survives a
+noisy machine (issue 24).
 
 `--baseline DIR` (the `service/` directory of another checkout, e.g. a `git worktree` of
 main) also runs serve on both backends and the pipeline alone with that code, in the same
-rounds: a change's before and after, as ratios of one run.
+rounds: a change's before and after, as ratios of one run. `--confluent-only`: serve on
+the confluent backend only (and the bare consumers, the pipeline alone): quicker, not saved.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from rankmeter.source import Bus  # noqa: E402
 from rankmeter.store import MemoryStore  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_freshness import cpu_seconds  # noqa: E402  (/proc: the cost that survives a shared machine)
 from summary import save  # noqa: E402  (bench/results/serve.json for bench/summary.py)
 
 
@@ -87,9 +92,10 @@ def produce_stream(bootstrap: str, topics, events: int) -> int:
     return sent
 
 
-def pipeline_alone(events: int) -> float:
+def pipeline_alone(events: int) -> tuple[float, float]:
     """The pipeline with neither Kafka nor Redis (in-process bus, in-memory store): what
-    decoding, joining, evaluating and aggregating cost by themselves."""
+    decoding, joining, evaluating and aggregating cost by themselves. Its rate and CPU µs
+    per event (this process's, over the batches alone)."""
     tune_gc()  # as `rankmeter serve` does
     settings = config.load(None, {})
     bus = Bus(partitions=4)
@@ -99,10 +105,11 @@ def pipeline_alone(events: int) -> float:
     pipeline = Pipeline(settings, MemoryStore(), lambda record, reason: None)
     bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
     batches = list(iter(lambda: bus.poll(0, 5000), []))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for batch in batches:
         pipeline.process(batch)
-    return sum(map(len, batches)) / (time.perf_counter() - started)
+    n = sum(map(len, batches))
+    return n / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu) / n
 
 
 def bare_consume(bootstrap: str, topics, total: int) -> float:
@@ -152,9 +159,10 @@ def quix_peer(bootstrap: str, topics, total: int, log_dir: Path) -> float:
 
 
 def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: Path, replicas: int = 1,
-                  backend: str = "kafka-python", code: str | None = None) -> float:
+                  backend: str = "kafka-python", code: str | None = None) -> tuple[float, float]:
     """Events per second through `replicas` serve processes sharing one consumer group
-    (`code`: another checkout's service/ directory to run instead of this one)."""
+    (`code`: another checkout's service/ directory to run instead of this one), and their
+    CPU µs per event over the same span (first record to last)."""
     group, prefix = f"bench-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {"RANKMETER_KAFKA_BACKEND": backend, **({"PYTHONPATH": code} if code else {})}
@@ -168,22 +176,26 @@ def serve_consume(bootstrap: str, redis_url: str, topics, total: int, log_dir: P
             done = sum(sum(serve.events().values()) for serve in processes)
             if done and first is None:
                 first, first_done = time.perf_counter(), done
+                cpu_first = sum(cpu_seconds(serve.process.pid) for serve in processes)
             if done >= total:
                 break
             time.sleep(0.05)
         elapsed = time.perf_counter() - first
+        cpu = sum(cpu_seconds(serve.process.pid) for serve in processes) - cpu_first
     finally:
         for serve in processes:
             serve.stop()
-    return (total - first_done) / elapsed
+    return (total - first_done) / elapsed, 1e6 * cpu / (total - first_done)
 
 
-def pipeline_alone_of(code: str, events: int) -> float:
+def pipeline_alone_of(code: str, events: int) -> tuple[float, float]:
     """`pipeline_alone` with another checkout's code, in a process of its own."""
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import bench_serve; "
-                          "print(bench_serve.pipeline_alone(int(sys.argv[2])))", str(Path(__file__).parent), str(events)],
-                         env={**os.environ, "PYTHONPATH": code}, capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[-1])
+                          "print(*bench_serve.pipeline_alone(int(sys.argv[2])))", str(Path(__file__).parent),
+                          str(events)], env={**os.environ, "PYTHONPATH": code}, capture_output=True, text=True,
+                         check=True)
+    rate, cpu = out.stdout.split()[-2:]
+    return float(rate), float(cpu)
 
 
 def main() -> int:
@@ -191,6 +203,8 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline", help="service/ directory of another checkout to measure beside this one")
+    ap.add_argument("--confluent-only", action="store_true",
+                    help="serve on the confluent backend only (a quicker before/after; figures not saved)")
     args = ap.parse_args()
     bootstrap = os.environ["RANKMETER_KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["RANKMETER_REDIS_URL"]
@@ -207,77 +221,104 @@ def main() -> int:
     rates: dict[str, list[float]] = {k: [] for k in ("bare", "bare_confluent", "serve", "serve_confluent",
                                                      "serve_x2", "pipeline", "quix", "serve_base",
                                                      "serve_confluent_base", "pipeline_base")}
+    cpus: dict[str, list[float]] = {k: [] for k in rates}  # serve's (or the pipeline's) CPU µs per event
+
+    def measured(key: str, rate_cpu: tuple[float, float]) -> None:
+        rates[key].append(rate_cpu[0])
+        cpus[key].append(rate_cpu[1])
+
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     print(f"logs in {logs}", file=sys.stderr)
+    alone = min(total, 200_000)
     for i in range(args.rounds):
         rates["bare"].append(bare_consume(bootstrap, topics, total))
         if confluent:
             rates["bare_confluent"].append(bare_confluent(bootstrap, topics, total))
-        rates["serve"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x1"))
+        if not args.confluent_only:
+            measured("serve", serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x1"))
         if confluent:
-            rates["serve_confluent"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-cf",
-                                                          backend="confluent"))
-        rates["serve_x2"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
-        rates["pipeline"].append(pipeline_alone(min(total, 200_000)))
+            measured("serve_confluent", serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-cf",
+                                                      backend="confluent"))
+        if not args.confluent_only:
+            measured("serve_x2", serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-x2", replicas=2))
+        measured("pipeline", pipeline_alone(alone))
         if args.baseline:
-            rates["serve_base"].append(serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-base",
+            if not args.confluent_only:
+                measured("serve_base", serve_consume(bootstrap, redis_url, topics, total, logs / f"r{i}-base",
                                                      code=args.baseline))
             if confluent:
-                rates["serve_confluent_base"].append(serve_consume(bootstrap, redis_url, topics, total,
-                                                                   logs / f"r{i}-cf-base", backend="confluent",
-                                                                   code=args.baseline))
-            rates["pipeline_base"].append(pipeline_alone_of(args.baseline, min(total, 200_000)))
+                measured("serve_confluent_base", serve_consume(bootstrap, redis_url, topics, total,
+                                                               logs / f"r{i}-cf-base", backend="confluent",
+                                                               code=args.baseline))
+            measured("pipeline_base", pipeline_alone_of(args.baseline, alone))
         if quix:
             rates["quix"].append(quix_peer(bootstrap, topics, total, logs / f"r{i}-quix"))
-        print(f"round {i + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items() if v),
-              file=sys.stderr)
+        print(f"round {i + 1}/{args.rounds}: " + ", ".join(
+            f"{k} {v[-1]:,.0f}/s" + (f" {cpus[k][-1]:.1f} µs" if cpus[k] else "") for k, v in rates.items() if v),
+            file=sys.stderr)
     median = {k: statistics.median(v) for k, v in rates.items() if v}
-    bare, one, two, alone = (median[k] for k in ("bare", "serve", "serve_x2", "pipeline"))
+    cpu = {k: statistics.median(v) for k, v in cpus.items() if v}
+    bare, alone_rate = median["bare"], median["pipeline"]
+    one, two = median.get("serve"), median.get("serve_x2")
     print(f"events={total} partitions=4 rounds={args.rounds}")
     print(f"bare_kafka_python_events_per_second={bare:.0f}")
-    print(f"rankmeter_serve_events_per_second={one:.0f}")
-    print(f"rankmeter_serve_two_replicas_events_per_second={two:.0f}")
-    print(f"pipeline_alone_events_per_second={alone:.0f}")
-    # One process does both halves in turn: consuming as the bare client does, then the
-    # pipeline. Their rates bound what it can reach: 1 / (1/bare + 1/alone).
-    print(f"single_process_bound_events_per_second={1 / (1 / bare + 1 / alone):.0f}")
-    print(f"ratio={one / bare:.2f}")
-    print(f"ratio_two_replicas={two / bare:.2f}")
+    print(f"pipeline_alone_events_per_second={alone_rate:.0f}")
+    print(f"pipeline_alone_cpu_us_per_event={cpu['pipeline']:.2f}")
+    if one is not None:
+        print(f"rankmeter_serve_events_per_second={one:.0f}")
+        print(f"rankmeter_serve_cpu_us_per_event={cpu['serve']:.2f}")
+        print(f"rankmeter_serve_two_replicas_events_per_second={two:.0f}")
+        # One process does both halves in turn: consuming as the bare client does, then the
+        # pipeline. Their rates bound what it can reach: 1 / (1/bare + 1/alone).
+        print(f"single_process_bound_events_per_second={1 / (1 / bare + 1 / alone_rate):.0f}")
+        print(f"ratio={one / bare:.2f}")
+        print(f"ratio_two_replicas={two / bare:.2f}")
     if confluent:
         bare_cf, one_cf = median["bare_confluent"], median["serve_confluent"]
         print(f"bare_confluent_events_per_second={bare_cf:.0f}")
         print(f"rankmeter_serve_confluent_events_per_second={one_cf:.0f}")
+        print(f"rankmeter_serve_confluent_cpu_us_per_event={cpu['serve_confluent']:.2f}")
         # librdkafka fetches in its own threads, so the bound is no longer a sum of the halves.
         print(f"ratio_confluent={one_cf / bare_cf:.2f}")
-        print(f"ratio_serve_confluent_to_kafka_python={one_cf / one:.2f}")
+        if one is not None:
+            print(f"ratio_serve_confluent_to_kafka_python={one_cf / one:.2f}")
         print(f"ratio_bare_confluent_to_kafka_python={bare_cf / bare:.2f}")
     if args.baseline:
         print(f"baseline={args.baseline}")
-        print(f"baseline_serve_events_per_second={median['serve_base']:.0f}")
-        print(f"ratio_baseline={median['serve_base'] / bare:.2f}")
-        print(f"speedup_serve={one / median['serve_base']:.2f}")
         print(f"baseline_pipeline_alone_events_per_second={median['pipeline_base']:.0f}")
-        print(f"speedup_pipeline_alone={alone / median['pipeline_base']:.2f}")
+        print(f"baseline_pipeline_alone_cpu_us_per_event={cpu['pipeline_base']:.2f}")
+        print(f"speedup_pipeline_alone={alone_rate / median['pipeline_base']:.2f}")
+        if one is not None:
+            print(f"baseline_serve_events_per_second={median['serve_base']:.0f}")
+            print(f"baseline_serve_cpu_us_per_event={cpu['serve_base']:.2f}")
+            print(f"ratio_baseline={median['serve_base'] / bare:.2f}")
+            print(f"speedup_serve={one / median['serve_base']:.2f}")
         if confluent:
             print(f"baseline_serve_confluent_events_per_second={median['serve_confluent_base']:.0f}")
+            print(f"baseline_serve_confluent_cpu_us_per_event={cpu['serve_confluent_base']:.2f}")
             print(f"ratio_confluent_baseline={median['serve_confluent_base'] / median['bare_confluent']:.2f}")
             print(f"speedup_serve_confluent={median['serve_confluent'] / median['serve_confluent_base']:.2f}")
+    best = max(one or 0.0, median.get("serve_confluent", 0.0))
     if quix:
         print(f"quix_peer_events_per_second={median['quix']:.0f}")
-        best = max(one, median.get("serve_confluent", 0.0))
         print(f"ratio_best_serve_to_quix={best / median['quix']:.2f}")
     figures = {"events": total, "partitions": 4, "rounds": args.rounds, "rounds_events_per_second": rates,
-               "bare_kafka_python_events_per_second": bare, "rankmeter_serve_events_per_second": one,
-               "rankmeter_serve_two_replicas_events_per_second": two, "pipeline_alone_events_per_second": alone,
-               "ratio": one / bare}
+               "rounds_cpu_us_per_event": cpus, "cpu_us_per_event": cpu,
+               "bare_kafka_python_events_per_second": bare, "pipeline_alone_events_per_second": alone_rate}
+    if one is not None:
+        figures.update({"rankmeter_serve_events_per_second": one, "rankmeter_serve_two_replicas_events_per_second": two,
+                        "ratio": one / bare})
     if confluent:
         figures.update({"bare_confluent_events_per_second": median["bare_confluent"],
                         "rankmeter_serve_confluent_events_per_second": median["serve_confluent"],
                         "ratio_confluent": median["serve_confluent"] / median["bare_confluent"]})
     if quix:
-        figures.update({"quix_peer_events_per_second": median["quix"],
-                        "ratio_best_serve_to_quix": max(one, median.get("serve_confluent", 0.0)) / median["quix"]})
-    save("serve", figures)
+        figures.update({"quix_peer_events_per_second": median["quix"], "ratio_best_serve_to_quix": best / median["quix"]})
+    if args.baseline:
+        figures["baseline"] = {k: median[k] for k in ("serve_base", "serve_confluent_base", "pipeline_base")
+                               if k in median}
+    if not args.confluent_only:  # a partial run must not stand in for the table's figures
+        save("serve", figures)
     return 0
 
 

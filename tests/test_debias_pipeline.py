@@ -333,6 +333,35 @@ def test_nothing_is_debiased_before_the_first_estimate_and_each_query_is_harvest
     assert len(harvested) == len(set(harvested)) == len(observed) > 500
 
 
+@pytest.mark.parametrize("judgments, jump_minutes", [
+    ("6m", 8),        # judgments = attribution + grace: a query's harvest time is its deadline
+    ("24h", 1_500),   # the watermark jumps past both (a backlog, a partition quiet for a day)
+    ("24h", 8),       # harvest and expiry in different sweeps
+])
+def test_a_query_harvested_and_expired_in_the_same_sweep_is_harvested(monkeypatch, judgments, jump_minutes):
+    """The harvest reads the records the batch held when its checkpoint was built: the
+    expired ones are evicted from the cache then, before the harvest runs at send."""
+    observed: list[str] = []
+    real_observe = ModelTables.observe
+    monkeypatch.setattr(ModelTables, "observe", lambda self, q, *a: (observed.append(q), real_observe(self, q, *a)))
+    settings = config.load(None, {**ENV, "RANKMETER_WINDOWS_JUDGMENTS": judgments})
+    clock, bus = Clock(START_MS), Bus(partitions=1)
+    pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    clock.ms = START_MS + 30_000
+    for i in range(20):
+        one_query(pipeline, bus, f"a{i}", ["d0", "d1", "d2"], ["d1"], START_MS + i * 1000)
+    # One query whose events move the watermark on past every harvest time (and, but for
+    # the last case, every deadline): the next batch's sweep harvests and expires at once.
+    late = START_MS + jump_minutes * 60_000
+    clock.ms = late + 2000
+    one_query(pipeline, bus, "late", ["d0"], ["d0"], late)  # (both topics move on)
+    clock.ms = late + 7000
+    pipeline.process(bus.poll(0, 100))
+    assert sorted(q for q in observed if q.startswith("a")) == sorted(f"a{i}" for i in range(20))
+    assert pipeline.readout.harvested() == len(observed)  # rankmeter_propensity_harvested_queries_total
+
+
 def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from_the_store():
     """q counts with debiased nDCG@10 2.0; then its text's harvest is gone (a restarted
     table): its later clicks leave that value as it was, whether its record is in the

@@ -220,6 +220,9 @@ class PipelineCollector:
                 relative.add_metric([str(rank)], p)
             support.add_metric([str(rank)], n)
         yield from (relative, support)
+        yield CounterMetricFamily("rankmeter_propensity_harvested_queries", "Queries harvested into the click "
+                                  "models by this process (their clicks final): whether the harvest runs.",
+                                  value=self.readout.harvested())
 
     def _ranker_info(self, rankers: list[str]) -> Metric:
         production = self.readout.production_rankers

@@ -11,10 +11,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from rankmeter.clock import EventClock
 from rankmeter.config import Settings
 from rankmeter.exporter import Exporter, Health
-from rankmeter.pipeline import Pipeline
+from rankmeter.inflight import InFlight
+from rankmeter.lag import Lag
+from rankmeter.pipeline import Checkpoint, Pipeline
 from rankmeter.source import Record, Source, SourceUnavailable
 from rankmeter.store import Store
 
@@ -65,7 +66,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     k = settings.kafka
     pipeline = Pipeline(settings, store, _dead_letters(source, k.dead_letter_topic, health, stop), clock=clock,
                         bounds=source.bounds)
-    lag = _Lag(pipeline, clock)
+    lag = Lag(pipeline, clock)
     exporter = Exporter(pipeline.readout, health, lag.held, lag.seconds)
     port = exporter.start(settings.metrics.bind_address, settings.metrics.port)
     rebuilding = [rebuild]  # --rebuild applies to the partitions found lost at start, not later
@@ -74,7 +75,51 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     # bytes but not a batch's, and must not look ready in between.
     reload = [False]
 
+    inflight = InFlight(source)  # a batch's commit outstanding while the next is polled and decoded
+    done: list[Checkpoint] = []  # settled since the loop last looked (a rebalance callback settles too)
+    last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
+    ab_interval = AB_INTERVAL_S
+    consumed = 0
+    failures = 0  # batches the store failed in a row: the wait before reloading grows with them
+    full = False  # the last of them failed for want of memory
+    paused: set[int] = set()
+
+    def store_failed(e: Exception) -> None:
+        # The batch may or may not be stored: reload every partition from the store (state
+        # and offsets agree there) once it answers again.
+        nonlocal failures, full
+        health.store_problem = _store_problem(store, e)
+        failures, full = failures + 1, isinstance(e, store.full)
+        reload[0] = True
+        log.error("the state store failed during a batch; reloading from it once it answers",
+                  extra={"error": type(e).__name__, "reason": health.store_problem})
+
+    def settle() -> None:
+        """The checkpoint in flight confirmed, its offsets handed to Kafka; or its failure recorded."""
+        try:
+            checkpoint = inflight.settle()
+        except store.unavailable as e:
+            store_failed(e)
+            return
+        if checkpoint is not None:
+            done.append(checkpoint)
+
+    def after_settled() -> None:
+        """What the settled checkpoints decided: the store healthy again, partitions to claim
+        again, to rejoin for or to stop consuming (not in a rebalance callback)."""
+        nonlocal failures, full, paused
+        for checkpoint in done:
+            if not reload[0] and (checkpoint.partitions or not full):
+                # No claim failed meanwhile, and the store took a write (a full one takes a
+                # claim, and an empty checkpoint writes nothing: only a stored batch proves it).
+                failures, full, health.store_problem = 0, False, ""
+        done.clear()
+        if pipeline.rewound and not _reclaim(pipeline, source, health):
+            reload[0] = True
+        paused |= _refused(pipeline, source, paused)
+
     def on_assign(partitions: list[int]) -> dict[tuple[str, int], int]:
+        settle()  # claims read the store: nothing of ours in flight meanwhile
         try:
             resume = pipeline.assign(partitions, source.committed(partitions), rebuilding[0],
                                      bounds=source.bounds(partitions))
@@ -88,49 +133,51 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         lag.restart()  # positions restart at the stored offsets: earlier samples mean nothing now
         return resume
 
+    def on_revoke(partitions: list[int]) -> None:
+        settle()  # the batch in flight stored (or refused, or failed) before its partitions are forgotten
+        pipeline.revoke(partitions)
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    source.subscribe([k.impressions_topic, k.feedback_topic], on_assign, pipeline.revoke)
+    source.subscribe([k.impressions_topic, k.feedback_topic], on_assign, on_revoke)
     log.info("rankmeter serve started", extra={"metrics_port": port, "group": k.group_id,
                                                "topics": [k.impressions_topic, k.feedback_topic]})
     if on_start is not None:
         on_start(pipeline, port)
-    last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
-    ab_interval = AB_INTERVAL_S
-    consumed = 0
-    failures = 0  # batches the store failed in a row: the wait before reloading grows with them
-    full = False  # the last of them failed for want of memory
-    paused: set[int] = set()
     try:
         while not stop.is_set():
             if reload[0]:
+                settle()  # (a failure now is this reload's)
+                done.clear()
                 _recover(pipeline, source, health, stop, _backoff(failures))
                 reload[0] = False
                 lag.restart()
                 continue
-            records = source.poll(k.poll_timeout_ms, k.max_poll_records)
+            # With a commit in flight, take only what the consumer holds already: in a quiet
+            # spell a blocking poll would hold the batch's confirmation for its whole timeout.
+            records = source.poll(0 if inflight.outstanding else k.poll_timeout_ms, k.max_poll_records)
             health.beat()
             _watch_source(source, health)
+            batch = None
             # An empty poll still sweeps (at most every second): lists assembled from
             # impression events settle in a quiet spell too, also after a restart.
             if records or time.monotonic() - last_idle_sweep >= 1.0:
                 last_idle_sweep = time.monotonic()
                 started = time.perf_counter()
                 lag.see(records)
+                batch = pipeline.read(records)  # decoded while the previous batch's commit is in flight
+            settle()
+            after_settled()
+            if reload[0]:
+                continue  # (the batch read is read again from the stored offsets)
+            if batch is not None:
                 try:
-                    checkpoint = pipeline.apply(records)   # the stages: intake ... scoring
+                    checkpoint = pipeline.step(batch)  # the stages: sweep ... scoring
                     _deliver(source, k.dead_letter_topic, health, stop)  # its dead letters acknowledged
-                    checkpoint.send()                      # one commit to the store, all partitions
-                    checkpoint.confirm()                   # counted; refused partitions dropped
+                    inflight.send(checkpoint)  # one commit to the store, all partitions; settled after the next poll
                 except store.unavailable as e:
-                    # The batch may or may not be stored: reload every partition from the
-                    # store (state and offsets agree there) once it answers again.
-                    health.store_problem = _store_problem(store, e)
-                    failures, full = failures + 1, isinstance(e, store.full)
-                    reload[0] = True
-                    log.error("the state store failed during a batch; reloading from it once it answers",
-                              extra={"error": type(e).__name__, "reason": health.store_problem})
+                    store_failed(e)
                     continue
                 except _Stopped:
                     break
@@ -142,17 +189,14 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 if records:
                     exporter.batch_duration.observe(time.perf_counter() - started)
                     exporter.batch_records.observe(len(records))
-                checkpoint.commit(source)                  # Kafka's offsets, for lag tooling
                 consumed += len(records)
-                if not reload[0] and (checkpoint.partitions or not full):
-                    # No claim failed meanwhile, and the store took a write (a full one takes a
-                    # claim, and an empty checkpoint writes nothing: only a stored batch proves it).
-                    failures, full, health.store_problem = 0, False, ""
-                if pipeline.rewound and not _reclaim(pipeline, source, health):
-                    reload[0] = True
-                paused |= _refused(pipeline, source, paused)
             health.lost_problem = _lost_problem(pipeline)
             now = time.monotonic()
+            if now - last_lag >= LAG_INTERVAL_S or now - last_ab >= ab_interval:
+                settle()  # the looks read the store and compare its marks with ours
+                after_settled()
+                if reload[0]:
+                    continue
             if now - last_lag >= LAG_INTERVAL_S:
                 lag.sample(source)
                 last_lag = now
@@ -169,6 +213,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 consumed, last_progress = 0, now
     finally:
         log.info("stopping: the last batch is persisted; closing the consumer")
+        settle()
+        inflight.close()
         source.close()
         store.close()
         exporter.stop()
@@ -217,49 +263,6 @@ def _store_problem(store: Store, e: Exception, when: str = "") -> str:
         return (f"redis is full (maxmemory reached, policy noeviction){when}: nothing is stored until "
                 f"memory is freed or maxmemory raised")
     return f"state store unavailable{when}: {type(e).__name__}"
-
-
-class _Lag:
-    """The consumer's lag per (topic, partition) held, sampled once a second, and the
-    newest record timestamp consumed: what the pipeline's `caught_up` and the exporter's
-    lag gauges read."""
-
-    def __init__(self, pipeline: Pipeline, clock: Callable[[], float]) -> None:
-        self.pipeline = pipeline
-        self.clock = clock
-        self.records: dict[tuple[str, int], int] = {}
-        self.newest: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest record timestamp consumed
-
-    def restart(self) -> None:
-        self.records.clear()
-        self.pipeline.caught_up = set()
-
-    def see(self, records: list[Record]) -> None:
-        if isinstance(self.clock, EventClock):
-            self.clock.see(records)
-        newest = self.newest
-        for r in records:
-            if r.timestamp > newest.get((r.topic, r.partition), -1):
-                newest[(r.topic, r.partition)] = r.timestamp
-
-    def sample(self, source: Source) -> None:
-        self.records.clear()
-        self.records.update(source.lag())
-        self.pipeline.caught_up = {tp for tp, behind in self.records.items() if behind == 0}
-
-    def total(self) -> int:
-        return sum(self.records.values())
-
-    def held(self) -> dict[tuple[str, int], int]:
-        """Only partitions held now: the lag is sampled once a second, a rebalance at any time."""
-        return {tp: n for tp, n in dict(self.records).items() if tp[1] in self.pipeline.partitions}
-
-    def seconds(self) -> dict[tuple[str, int], float]:
-        """Event time behind, per partition: 0 when caught up, else now minus the newest
-        record consumed (unknown, and left out, until one is)."""
-        now_ms, seen = self.clock() * 1000, dict(self.newest)  # dict(): one copy, while the loop writes
-        return {tp: 0.0 if n == 0 else max(now_ms - seen[tp], 0.0) / 1000
-                for tp, n in dict(self.records).items() if tp[1] in self.pipeline.partitions and (n == 0 or tp in seen)}
 
 
 def _refused(pipeline: Pipeline, source: Source, paused: set[int]) -> set[int]:

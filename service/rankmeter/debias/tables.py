@@ -82,6 +82,7 @@ class ModelTables:
         self._slot_rank = slot_ranks(ranks)
         self.look = initial(ranks, slots(ranks))
         self._examine: tuple[list[float], list[float]] = ([1.0] * ranks, [1.0] * slots(ranks))
+        self._pbm_weights: dict[int, list[float]] = {}  # length -> pbm's weights, until the next look
 
     def vector(self) -> np.ndarray:
         fit = self.fit.copy()
@@ -92,6 +93,7 @@ class ModelTables:
     def looked(self, look: Look) -> None:
         """The parameters of a new look: what weighs and what predicts from now on."""
         self.look = look
+        self._pbm_weights = {}
         pbm = examination(look.pbm.relative)
         # A ubm slot without an estimate takes pbm's examination of its rank.
         ubm = [g if g is not None else pbm[self._slot_rank[s]] for s, g in enumerate(look.ubm.relative)]
@@ -124,8 +126,11 @@ class ModelTables:
     def weights(self, shown: Sequence[str], clicked: Collection[str], length: int) -> list[float]:
         """The clipped IPW weight of each rank 1..`length` of this list under the chosen
         model: pbm's per rank; ubm's per rank given the clicks above (`placements`)."""
-        if self.look.model == "pbm":
-            return ipw.weights(self.look.pbm.relative, length, self.max_weight)
+        if self.look.model == "pbm":  # the same for every list until the next look: computed once
+            found = self._pbm_weights.get(length)
+            if found is None:
+                found = self._pbm_weights[length] = ipw.weights(self.look.pbm.relative, length, self.max_weight)
+            return found
         gamma = self._examine[1]
         ranked = first_occurrences(shown)[:min(length, self.ranks)]
         out = [self._weight(gamma[s]) for s, _ in placements(ranked, clicked)]

@@ -7,9 +7,10 @@ order over the batch's context (context.Batch), each in its own module:
     joining.py        apply the events to their records; settle the lists complete or due
     scoring.py        evaluate the changed queries together -> window bucket deltas (with
                       experiments.py: A/B sums, interleaving; position_bias.py: debiased values)
-    position_bias.py  the queries whose clicks are final, into the harvest
     intake.py         the watermarks moved to the batch's newest event times
-    checkpoint.py     build -> send -> confirm: one store commit for every partition
+    checkpoint.py     build -> send -> confirm: one store commit for every partition; at
+                      send, before the commit, position_bias.py harvests the queries whose
+                      clicks are final (serve sends from another thread)
 
 The pipeline owns the assigned partitions' state (partitions.py, state.py): offsets,
 window buckets, and a write-through cache of query records and their `QueryState`s (this
@@ -97,7 +98,7 @@ class Pipeline:
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
             unreadable=self.unreadable.counts, click_fit=lambda: bias.look_result,
-            ab_units_missing=lambda: experiments.units_missing,
+            ab_units_missing=lambda: experiments.units_missing, harvested=lambda: bias.harvested,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----
@@ -159,8 +160,20 @@ class Pipeline:
 
     def apply(self, records: list[Record]) -> Checkpoint:
         """The stages over one poll batch; returns its checkpoint, built, not yet sent."""
-        batch = Batch(int(self.clock() * 1000), self.caught_up)
+        return self.step(self.read(records))
+
+    def read(self, records: list[Record]) -> Batch:
+        """Intake alone: the batch decoded and routed, nothing applied (serve reads the next
+        batch while the previous checkpoint's commit is outstanding)."""
+        batch = Batch(int(self.clock() * 1000), self.caught_up, read_from=dict(self.partitions))
         self._intake.read(batch, records)
+        return batch
+
+    def step(self, batch: Batch) -> Checkpoint:
+        """The other stages over a batch `read`; returns its checkpoint, built, not yet sent.
+        Partitions dropped or claimed again since it was read are left out (Batch.drop_changed)."""
+        batch.drop_changed(self.partitions)
+        self._intake.send_dead_letters(batch)
         self._sweep.run(batch)
         return self._step(batch)
 
@@ -182,9 +195,10 @@ class Pipeline:
         self._joining.apply(batch)
         self._joining.settle_due(batch)
         self._scoring.evaluate(batch)
-        self.position_bias.harvest(batch.harvest)
         self._intake.advance_watermarks(batch)
-        return Checkpoint.build(batch, self.partitions, self._writing, self.ledger, self._settled)
+        # The harvest (batch.harvest) happens as the checkpoint is sent (Checkpoint.send).
+        return Checkpoint.build(batch, self.partitions, self._writing, self.ledger, self._settled,
+                                self.position_bias.harvest_into if self.position_bias.measures else None)
 
     # ---- what the run loop and the exporter read ----
 

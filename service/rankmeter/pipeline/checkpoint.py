@@ -28,6 +28,7 @@ commit can overlap decoding the next.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
@@ -140,7 +141,8 @@ class Checkpoint:
 
     def __init__(self, ledger: Ledger, payloads: list[PartitionCheckpoint], counts: dict[int, Outcomes],
                  advanced: dict[int, dict[str, int]], settled: Callable[[list[int]], None],
-                 resets: dict[int, list[Reset]] | None = None) -> None:
+                 resets: dict[int, list[Reset]] | None = None,
+                 completing: Callable[[dict[int, PartitionCheckpoint]], None] | None = None) -> None:
         # What the steps need of the batch, and no more: the batch's events and records
         # are not kept alive while the next batch is read.
         self.ledger = ledger
@@ -150,13 +152,19 @@ class Checkpoint:
         self.advanced = advanced  # partition -> topic -> the next offset read
         self.resets = resets or {}  # partition -> the offset resets its checkpoint resumed past
         self.settled = settled    # the pipeline's, at confirm: drop the refused partitions, trim the cache
+        self.completing = completing  # at send, before the commit: the batch's harvest into its payloads
         self.refused: dict[int, str] = {}
         self.step = "built"
 
     @classmethod
     def build(cls, batch: Batch, held: Mapping[int, PartitionState], writing: Writing, ledger: Ledger,
-              settled: Callable[[list[int]], None]) -> Checkpoint:
-        """Step 1."""
+              settled: Callable[[list[int]], None],
+              harvest: Callable[[Mapping[int, Mapping[str, QueryRecord]], Mapping[int, PartitionCheckpoint]], None]
+              | None = None
+              ) -> Checkpoint:
+        """Step 1. `harvest(due, payloads)` runs at step 2, before the commit: the batch's
+        queries whose clicks are final, into the position-bias tables and their partitions'
+        payloads (a partition with only a harvest has a payload for it)."""
         records: dict[int, dict[str, bytes]] = {}
         deadlines: dict[int, dict[str, int]] = {}
         for k, r in batch.touched.items():
@@ -167,7 +175,11 @@ class Checkpoint:
         resets: dict[int, list[Reset]] = {}
         pending = {p for p, ps in held.items()
                    if ps.dirty_ab or ps.users or ps.meta or ps.drop_fields or ps.meta_deleted or ps.offsets_moved}
-        for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending:
+        harvested = {p for p in batch.harvest if harvest is not None and p in held and held[p].pair_sums is not None}
+        # The records to harvest, taken now: the eviction below drops the expired ones from
+        # the cache, and a query can be final and expire in the same sweep.
+        due = {p: {q: r for q in batch.harvest[p] if (r := held[p].records.get(q)) is not None} for p in harvested}
+        for p in set(batch.advanced) | set(batch.expired) | set(batch.dirty_buckets) | pending | harvested:
             ps = held[p]
             ps.offsets.update(batch.advanced.get(p, {}))
             written = records.get(p, {})
@@ -212,7 +224,8 @@ class Checkpoint:
                 watermarks=dict(ps.watermarks), records=written, deadlines=deadlines.get(p, {}),
                 deleted=deleted, buckets=buckets, dropped_buckets=dropped_fields, ab=ab, meta=meta,
                 meta_deleted=meta_deleted, expect=expect, users=users))
-        return cls(ledger, payloads, batch.counts, batch.advanced, settled, resets)
+        completing = functools.partial(harvest, due) if due else None
+        return cls(ledger, payloads, batch.counts, batch.advanced, settled, resets, completing)
 
     def _at(self, step: str, then: str) -> None:
         if self.step != step:
@@ -224,6 +237,8 @@ class Checkpoint:
         self._at("built", "sent")
         store = self.ledger.store
         try:
+            if self.completing is not None:
+                self.completing({c.partition: c for c in self.payloads})
             self.refused = store.commit(self.payloads)
         except store.unavailable:
             for c in self.payloads:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from rankmeter.events import Feedback, Impression
 from rankmeter.join import QueryRecord
 from rankmeter.source import Record
 from rankmeter.windows import BucketKey
+
+if TYPE_CHECKING:
+    from rankmeter.pipeline.state import PartitionState
 
 Outcomes = Counter[tuple[str, str]]  # (stream, outcome) -> events
 
@@ -25,10 +28,14 @@ class Touched(NamedTuple):
 class Batch:
     now_ms: int                                  # event time's now (the pipeline's clock)
     caught_up: set[tuple[str, int]]              # (topic, partition)s read to their end
-    # intake: the decoded events to apply, the next offsets read, the newest event times
+    # intake: the partitions held when it was read, the decoded events to apply, the next
+    # offsets read, the newest event times, the invalid records (sent to the dead-letter
+    # topic when the batch is applied, not when read: the previous checkpoint may yet fail)
+    read_from: dict[int, PartitionState] = field(default_factory=dict)
     work: dict[int, list[tuple[Record, Impression | Feedback]]] = field(default_factory=dict)
     advanced: dict[int, dict[str, int]] = field(default_factory=dict)
     newest: dict[int, dict[str, int]] = field(default_factory=dict)
+    dead: list[tuple[Record, str]] = field(default_factory=list)
     # sweep: queries closed (their deadline passed), lists complete, clicks final
     expired: dict[int, list[str]] = field(default_factory=dict)
     due: dict[int, list[str]] = field(default_factory=dict)
@@ -47,6 +54,17 @@ class Batch:
         if counts is None:
             counts = self.counts[partition] = Counter()
         return counts
+
+    def drop_changed(self, held: dict[int, PartitionState]) -> None:
+        """Forget what was read for partitions dropped or claimed again since (the previous
+        checkpoint, outstanding while this batch was read, was refused for them, or a
+        rebalance): the source reads them again from their stored offsets."""
+        changed = {p for p, ps in self.read_from.items() if held.get(p) is not ps}
+        for per_partition in (self.work, self.advanced, self.newest, self.counts):
+            for p in changed:
+                per_partition.pop(p, None)
+        if changed:
+            self.dead = [(r, reason) for r, reason in self.dead if r.partition not in changed]
 
     def swept(self) -> dict[int, list[str]]:
         """The swept queries whose records the batch needs: to count orphans, settle lists, harvest."""

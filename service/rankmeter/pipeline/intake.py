@@ -68,7 +68,7 @@ class Intake:
             if isinstance(event, Rejected):
                 counts.setdefault(r.partition, Counter())[(stream, event.outcome)] += 1
                 if event.outcome == "invalid":
-                    self.dead_letter(r, event.reason)
+                    batch.dead.append((r, event.reason))
                 continue
             work.setdefault(r.partition, []).append((r, event))
             topics = newest.setdefault(r.partition, {})
@@ -76,6 +76,10 @@ class Intake:
                 topics[r.topic] = event.timestamp_ms
             if isinstance(event, Feedback) and event.action == IMPRESSION_ACTION:
                 ps.shown_wall_ms = self.wall() * 1000
+
+    def send_dead_letters(self, batch: Batch) -> None:
+        for r, reason in batch.dead:
+            self.dead_letter(r, reason)
 
     def advance_watermarks(self, batch: Batch) -> None:
         """The topics' event-time watermarks moved to the batch's newest event times."""

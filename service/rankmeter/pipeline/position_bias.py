@@ -17,7 +17,7 @@ from rankmeter.debias.tables import ModelTables, decide, upgrade, vector_size
 from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
-from rankmeter.store import Store
+from rankmeter.store import PartitionCheckpoint, Store
 
 # A cached ideal is weighed anew once its text's harvest has grown by this factor: an
 # ideal over a thin harvest overstates (the top of noisy estimates), and a replay or a
@@ -41,6 +41,7 @@ class PositionBias:
         # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
         self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
+        self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
 
     @property
     def harvester(self) -> Harvester | None:
@@ -75,22 +76,38 @@ class PositionBias:
         """Weigh the ideals anew, with the harvest since the last look."""
         self._ideals = {}
 
-    def harvest(self, due: Mapping[int, list[str]]) -> None:
+    def harvest_into(self, due: Mapping[int, Mapping[str, QueryRecord]],
+                     payloads: Mapping[int, PartitionCheckpoint]) -> None:
+        """`harvest`, as the batch's checkpoint is sent (`Checkpoint.send`, before the commit):
+        the pair sums it moves go into that checkpoint's `payloads` (built, not yet sent).
+        In serve this runs on the checkpoint's thread while the next batch is read, off the
+        consuming thread's path; the next batch is applied (and weighs with these tables)
+        only once it is done."""
+        self.harvest(due)
+        for p in due:
+            ps = self.held.get(p)
+            if ps is not None and p in payloads and PAIRS in ps.dirty_ab:
+                payloads[p].ab[PAIRS] = ps.ab[PAIRS].tobytes()
+                ps.dirty_ab.discard(PAIRS)
+
+    def harvest(self, due: Mapping[int, Mapping[str, QueryRecord]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
         position-bias harvest, once each (`debias.propensity`); what they add to the pair
-        sums goes to their partition's, stored with its next checkpoint."""
+        sums goes to their partition's, stored with its checkpoint (`harvest_into`).
+        `due`: partition -> query_id -> its record, as the batch held it when its
+        checkpoint was built (an expired one is no longer in the cache)."""
         if not self.measures:
             return
-        for p, qids in due.items():
+        for p, records in due.items():
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
             before = self.tables.vector()
-            for qid in qids:
-                record = ps.records.get(qid)
-                if record is not None and record.impression is not None:
+            for qid, record in records.items():
+                if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
                                         set(record.clicked), record.implicit)
+                    self.harvested += 1
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
