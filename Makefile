@@ -31,7 +31,10 @@ $(BIN)/rankmeter: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
+# rankmeter eval's C reader of plain TREC files, compiled next to its source (a second; without
+# a compiler the pure-Python reader reads the same, slower). On every run: the source may change.
 venv: $(BIN)/rankmeter
+	@$(BIN)/python scripts/build_native.py
 
 services:
 	@$(SERVICES) up

@@ -13,7 +13,7 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures" / "trec_eval"
 SERVICE_ONLY = ("kafka", "confluent_kafka", "redis", "hiredis", "prometheus_client", "yaml")
 ALLOWED = {"rankmeter", "rankmeter.cli", "rankmeter.cli.command", "rankmeter.cli.common", "rankmeter.cli.evaluate",
-           "rankmeter.redaction", "rankmeter.trec", "rankmeter.offline", "rankmeter.trec_eval",
+           "rankmeter.redaction", "rankmeter.trec", "rankmeter._treader", "rankmeter.offline", "rankmeter.trec_eval",
            "rankmeter.trec_eval.names", "rankmeter.trec_eval.report"}
 PROBE = """
 import contextlib, io, json, sys

@@ -44,23 +44,25 @@ def rank(scores: Mapping[str, float]) -> list[str]:
     return [doc for _, doc in sorted(zip(scores.values(), scores.keys()), reverse=True)]
 
 
-def _lines(path: str) -> tuple[list[str], bool]:
-    """The file's lines. Read whole: a million-line run is ~50 MB, and one decode and one
-    split are several times faster than line-by-line reading. The flag: whether any line
-    can be a comment (one scan of the text, so clean files skip the per-line check)."""
+def _bytes(path: str) -> bytes:
     try:
         if path == "-":
             import sys
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
+            return sys.stdin.buffer.read()
+        with open(path, "rb") as f:
+            return f.read()
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except IsADirectoryError:
         raise InputError(path, None, "is a directory, not a file") from None
     except PermissionError:
         raise InputError(path, None, "permission denied") from None
+
+
+def _lines(path: str, data: bytes) -> tuple[list[str], bool]:
+    """The file's lines. Read whole: a million-line run is ~50 MB, and one decode and one
+    split are several times faster than line-by-line reading. The flag: whether any line
+    can be a comment (one scan of the text, so clean files skip the per-line check)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -109,7 +111,11 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
     collected as strings and turned into one dict with C-level `zip`/`map(float)`, and
     the checks that need a line number (`_locate`) run only once something is wrong."""
     width = len(columns.split())
-    lines, hashes = _lines(path)
+    data = _bytes(path)
+    table = _plain(data, width, doc_field, value_field, comment_anywhere, whole)
+    if table is not None:
+        return table
+    lines, hashes = _lines(path, data)
     table = Table()
 
     def flush(qid: str, first: int, docs: list[str], values: list[str]) -> None:
@@ -151,6 +157,34 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
         flush(qid, first, docs, values)
     if last is not None:
         table.last_tag = last[width - 1]
+    return table
+
+
+def _plain(data: bytes, width: int, doc_field: int, value_field: int, run: bool, whole: bool) -> Table | None:
+    """`_read`'s table for a plain file, by the C reader (_treader.c, built by `make venv`:
+    scripts/build_native.py), ~3x faster; None without it, or when the file is not plain
+    (non-ASCII, control bytes, comments, lines of another width, a repeated document, a
+    value float() refuses, a grade not whole with `whole`, NaN, an infinite grade): the
+    line-by-line reader then reads it, and finds and words its problems."""
+    try:
+        from rankmeter._treader import read
+    except ImportError:
+        return None
+    got = read(data, width, doc_field, value_field, whole)
+    if got is None:
+        return None
+    runs, tag = got
+    table = Table()
+    for qid, parsed in runs:
+        usable = not any(map(math.isnan, parsed.values())) if run else all(map(math.isfinite, parsed.values()))
+        known = table.get(qid)
+        if not usable or (known is not None and not known.keys().isdisjoint(parsed)):
+            return None
+        if known is None:
+            table[qid] = parsed
+        else:  # the query's lines were not consecutive
+            known.update(parsed)
+    table.last_tag = tag
     return table
 
 

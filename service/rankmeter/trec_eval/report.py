@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import NamedTuple, TextIO
 
 from rankmeter.engine import Measure, parse, stack_scored
@@ -91,9 +92,9 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
         else:
             table.append((col, []))
     lines: list[str] = []
-    if flags.per_query:
-        for row, qid in enumerate(qids):
-            lines.extend(_line(col, qid, vals[row]) for col, vals in table if col.per_query)
+    if flags.per_query:  # a column at a time through one format (millions of lines), then query by query
+        columns = [map(_format(col, vals[0]).__mod__, zip(qids, vals)) for col, vals in table if col.per_query]
+        lines.extend(chain.from_iterable(zip(*columns)))
     if flags.summary:
         lines.extend(_line(col, "all", _summary(col, vals, qids, qrels, run.last_tag, flags)) for col, vals in table
                      if col.summary != "none")
@@ -129,6 +130,14 @@ def _summary(col: Column, vals: list, qids: list[str], qrels: dict, tag: str, fl
     if col.summary == "gm":
         return math.exp(_sum(math.log(max(v, MIN_GEO_MEAN)) for v in vals) / n)
     return _sum(vals) / n
+
+
+def _format(col: Column, sample) -> str:
+    """`_line`'s line as a %-format of (qid, value), for every value of a column like `sample`."""
+    label = col.label.replace("%", "%%")
+    if isinstance(sample, str):
+        return f"{label:<22}\t%s\t%s\n" if col.summary == "runid" else f"{label:<22}\t%s\t'%s'\n"
+    return f"{label:<22}\t%s\t%d\n" if col.kind == "long" else f"{label:<22}\t%s\t%6.4f\n"
 
 
 def _line(col: Column, qid: str, value) -> str:
