@@ -99,6 +99,9 @@ def test_a_stored_bucket_or_start_that_is_not_the_canonical_decimal_is_unreadabl
     counts = np.zeros(3).tobytes()
     assert ab_problem("il\x1fe\x1fa\x1fb\x1f1800000000000", counts) is None
     assert ab_problem("il\x1fe\x1fa\x1fb\x1f18²", counts) is not None
+    # Over 4,300 digits int() raises instead of converting: refused by length first.
+    assert ab_problem("e\x1fbm25\x1f\x1f" + "1" * 5000, sums) is not None
+    assert ab_problem("il\x1fe\x1fa\x1fb\x1f" + "1" * 5000, counts) is not None
 
 
 def test_a_slow_look_is_spaced_so_looks_take_a_tenth_of_the_consuming_thread(caplog):

@@ -48,7 +48,8 @@ def ab_problem(field: str, data: bytes) -> tuple[str, str] | None:
     last = field.rsplit("\x1f", 1)[1]
     # The canonical decimal the writer produces: str.isdigit() also holds for "²" (which
     # int() refuses) and "١٢" (which it reads as 12).
-    decimal = last.isascii() and last.isdigit() and str(int(last)) == last
+    # At most 19 digits before int(): Python refuses to convert over 4,300 (a ValueError).
+    decimal = len(last) <= 19 and last.isascii() and last.isdigit() and str(int(last)) == last
     if kind == "interleaving" and parts == 5 and not decimal:
         return kind, "its start (the fifth part) is not epoch milliseconds"
     if kind == "experiment" and parts == 4 and not (decimal and int(last) < clusters.BUCKETS):
