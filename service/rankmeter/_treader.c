@@ -10,9 +10,18 @@
    names) a whole number [+-]digits{1,18}, which float() and trec_eval's atol read alike.
    Anything else is None: the line-by-line Python reader then reads the file and words its
    problems. One (qid, {doc: value}) per run of consecutive lines of one query; `tag` is the
-   last line's field `width - 1`. NaN and infinities are trec.py's to judge. */
+   last line's field `width - 1`. NaN and infinities are trec.py's to judge.
+
+   lines(qids: [str], columns: [(prefix: str, kind: str, values: list)]) -> str
+
+   trec_eval's per-query lines (trec_eval/report.py, `_per_query_lines`): for each query in
+   order, one line per column, `prefix qid \t value \n`; a value prints as `%6.4f` (kind
+   "f", a float: C's printf, as trec_eval prints it; NaN as Python prints it), `%ld` (kind
+   "d", a float truncated as int() does) or as the str given (kind "s"). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_WIDTH 16
@@ -110,8 +119,98 @@ done:
     return result;
 }
 
+typedef struct { char *data; Py_ssize_t size, capacity; } Out;
+
+/* Room for `more` bytes; 0 when out of memory (the exception is set). */
+static int reserve(Out *out, Py_ssize_t more) {
+    if (out->size + more <= out->capacity) return 1;
+    Py_ssize_t capacity = (out->capacity + more) * 2;
+    char *data = PyMem_Realloc(out->data, capacity);
+    if (data == NULL) { PyErr_NoMemory(); return 0; }
+    out->data = data, out->capacity = capacity;
+    return 1;
+}
+
+static int put(Out *out, const char *text, Py_ssize_t size) {
+    if (!reserve(out, size)) return 0;
+    memcpy(out->data + out->size, text, size);
+    out->size += size;
+    return 1;
+}
+
+/* One value as text into `text` (at least 400 bytes: %6.4f of the largest double is 316);
+   its length, or -1 with an exception set. */
+static Py_ssize_t value_text(char kind, PyObject *value, char *text, const char **str) {
+    *str = text;
+    if (kind == 's') {
+        Py_ssize_t size;
+        if ((*str = PyUnicode_AsUTF8AndSize(value, &size)) == NULL) return -1;
+        return size;
+    }
+    double x = PyFloat_AsDouble(value);
+    if (x == -1.0 && PyErr_Occurred()) return -1;
+    if (kind == 'd') {
+        if (!isfinite(x) || x >= 9.3e18 || x <= -9.3e18) {
+            PyErr_SetString(PyExc_ValueError, "a count out of range");
+            return -1;
+        }
+        return snprintf(text, 400, "%ld", (long)x);
+    }
+    if (isnan(x)) return snprintf(text, 400, "%6s", "nan");  /* C may print -nan; Python nan */
+    return snprintf(text, 400, "%6.4f", x);
+}
+
+static PyObject *format_lines(PyObject *self, PyObject *args) {
+    PyObject *qids, *columns;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &qids, &PyList_Type, &columns)) return NULL;
+    Py_ssize_t nq = PyList_GET_SIZE(qids), nc = PyList_GET_SIZE(columns);
+    const char **prefix = PyMem_Calloc(nc + 1, sizeof(char *));
+    Py_ssize_t *prefix_size = PyMem_Calloc(nc + 1, sizeof(Py_ssize_t));
+    char *kind = PyMem_Calloc(nc + 1, 1);
+    PyObject **values = PyMem_Calloc(nc + 1, sizeof(PyObject *));
+    Out out = {NULL, 0, 0};
+    PyObject *result = NULL;
+    char text[400];
+    if (prefix == NULL || prefix_size == NULL || kind == NULL || values == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        PyObject *column = PyList_GET_ITEM(columns, c);
+        const char *k;
+        if (!PyArg_ParseTuple(column, "s#sO!", &prefix[c], &prefix_size[c], &k, &PyList_Type, &values[c])) goto done;
+        kind[c] = k[0];
+        if ((kind[c] != 'f' && kind[c] != 'd' && kind[c] != 's') || k[1] != '\0'
+            || PyList_GET_SIZE(values[c]) != nq) {
+            PyErr_SetString(PyExc_ValueError, "a column is not (prefix, 'f'|'d'|'s', one value per query)");
+            goto done;
+        }
+    }
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        Py_ssize_t qid_size;
+        const char *qid = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(qids, q), &qid_size);
+        if (qid == NULL) goto done;
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            const char *str;
+            Py_ssize_t size = value_text(kind[c], PyList_GET_ITEM(values[c], q), text, &str);
+            if (size < 0 || !reserve(&out, prefix_size[c] + qid_size + size + 2)) goto done;
+            put(&out, prefix[c], prefix_size[c]);
+            put(&out, qid, qid_size);
+            put(&out, "\t", 1);
+            put(&out, str, size);
+            put(&out, "\n", 1);
+        }
+    }
+    result = PyUnicode_DecodeUTF8(out.data, out.size, NULL);
+done:
+    PyMem_Free(prefix);
+    PyMem_Free(prefix_size);
+    PyMem_Free(kind);
+    PyMem_Free(values);
+    PyMem_Free(out.data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", read_plain, METH_VARARGS, "A plain TREC file's queries, or None (see _treader.c)."},
+    {"lines", format_lines, METH_VARARGS, "trec_eval's per-query lines (see _treader.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -92,13 +92,36 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
         else:
             table.append((col, []))
     lines: list[str] = []
-    if flags.per_query:  # a column at a time through one format (millions of lines), then query by query
-        columns = [map(_format(col, vals[0]).__mod__, zip(qids, vals)) for col, vals in table if col.per_query]
-        lines.extend(chain.from_iterable(zip(*columns)))
+    if flags.per_query:
+        lines.append(per_query_lines(qids, [(col, vals) for col, vals in table if col.per_query]))
     if flags.summary:
         lines.extend(_line(col, "all", _summary(col, vals, qids, qrels, run.last_tag, flags)) for col, vals in table
                      if col.summary != "none")
     out.write("".join(lines))
+
+
+def per_query_lines(qids: list[str], table: list[tuple[Column, list]]) -> str:
+    """Every query's lines, query by query, each in the table's column order: by the C
+    formatter (_treader.c, `lines`: C's printf, as trec_eval prints), else in Python."""
+    try:
+        from rankmeter._treader import lines
+    except ImportError:
+        return python_per_query_lines(qids, table)
+    columns = []
+    for col, vals in table:
+        prefix = f"{col.label:<22}\t"
+        if isinstance(vals[0], str):
+            columns.append((prefix, "s", [f"'{v}'" for v in vals]))
+        else:
+            columns.append((prefix, "d" if col.kind == "long" else "f", vals))
+    return lines(qids, columns)
+
+
+def python_per_query_lines(qids: list[str], table: list[tuple[Column, list]]) -> str:
+    """`per_query_lines` without the C formatter: a column at a time through one %-format
+    (millions of lines), then query by query."""
+    columns = [map(_format(col, vals[0]).__mod__, zip(qids, vals)) for col, vals in table]
+    return "".join(chain.from_iterable(zip(*columns)))
 
 
 def _set_f(x: float, rel_ret: list[float], ret: list[float], rel: list[float]) -> list[float]:
