@@ -138,6 +138,30 @@ static int put(Out *out, const char *text, Py_ssize_t size) {
     return 1;
 }
 
+/* `%6.4f` of x into text (400 bytes). printf is slow (~0.4 us a value; a million values
+   per run): a value in [0, 1e5) whose x·10^4 is not within 10^-6 of a half is rounded here
+   instead. Below 1e5, x·10^4 < 1e9 is computed within 6e-8 of the exact product, so away
+   from a half it rounds as the exact decimal expansion printf rounds does; the rest, and
+   every other value, go to printf. */
+static Py_ssize_t fixed4(double x, char *text) {
+    if (!(x >= 0.0 && x < 1e5) || signbit(x)) return snprintf(text, 400, "%6.4f", x);
+    double y = x * 10000.0, whole = floor(y), frac = y - whole;
+    if (fabs(frac - 0.5) < 1e-6) return snprintf(text, 400, "%6.4f", x);
+    unsigned long n = (unsigned long)whole + (frac > 0.5);
+    unsigned long units = n / 10000, decimals = n % 10000;
+    char digits[24];
+    int size = 0;
+    do { digits[size++] = (char)('0' + units % 10); units /= 10; } while (units);
+    Py_ssize_t k = 0;
+    while (size) text[k++] = digits[--size];
+    text[k++] = '.';
+    text[k++] = (char)('0' + decimals / 1000);
+    text[k++] = (char)('0' + decimals / 100 % 10);
+    text[k++] = (char)('0' + decimals / 10 % 10);
+    text[k++] = (char)('0' + decimals % 10);
+    return k;  /* at least "0.0000": 6 characters, %6's width */
+}
+
 /* One value as text into `text` (at least 400 bytes: %6.4f of the largest double is 316);
    its length, or -1 with an exception set. */
 static Py_ssize_t value_text(char kind, PyObject *value, char *text, const char **str) {
@@ -157,7 +181,7 @@ static Py_ssize_t value_text(char kind, PyObject *value, char *text, const char 
         return snprintf(text, 400, "%ld", (long)x);
     }
     if (isnan(x)) return snprintf(text, 400, "%6s", "nan");  /* C may print -nan; Python nan */
-    return snprintf(text, 400, "%6.4f", x);
+    return fixed4(x, text);
 }
 
 static PyObject *format_lines(PyObject *self, PyObject *args) {
