@@ -6,10 +6,13 @@ neighbours one ulp away), 1.0, 0, -0.0, negatives, huge values, NaN and ±inf.""
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rankmeter.engine import stack_scored
+from rankmeter.trec_eval import report
 from rankmeter.trec_eval.names import Column
 from rankmeter.trec_eval.report import per_query_lines, python_per_query_lines
 
@@ -62,7 +65,23 @@ def test_any_float_prints_as_python_prints_it(anything, unit):
 @needs_c
 def test_strings_and_utf8_query_ids_print_as_given():
     qids = ["q1", "é2"]
-    table = [(TEXT, ["12-", ".>0"]), (DOUBLE, [0.5, 1.0])]
+    table = [(TEXT, ["12-", ".>0"]), (DOUBLE, np.array([0.5, 1.0]))]
     assert per_query_lines(qids, table) == python_per_query_lines(qids, table) == (
         "relstring             \tq1\t'12-'\nmap                   \tq1\t0.5000\n"
         "relstring             \té2\t'.>0'\nmap                   \té2\t1.0000\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6) | st.sampled_from([0.0, -0.0, 0.00005, 1.0]), min_size=1, max_size=200))
+def test_the_mean_adds_in_order_as_trec_eval(values):
+    # cumsum, not np.sum's pairwise sum: bit for bit the sequential sum from 0.0 (-0.0s sum to 0.0)
+    got = report._mean(np.array(values))
+    want = report._sum(values) / len(values)
+    assert got == want and math.copysign(1, got) == math.copysign(1, want)
+
+
+def test_relstring_characters():
+    batch = stack_scored([{"a": 6, "b": 5, "c": 4, "d": 3, "e": 2, "f": 1}, {"a": 1}],
+                         [{"a": -1, "b": 0, "c": 3, "d": 12, "f": 9}, {}])
+    assert report._relstrings(batch, 10) == [".03>-9", "-"]
+    assert report._relstrings(batch, 2) == [".0", "-"]
