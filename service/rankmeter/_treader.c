@@ -17,7 +17,14 @@
    trec_eval's per-query lines (trec_eval/report.py, `_per_query_lines`): for each query in
    order, one line per column, `prefix qid \t value \n`; a value prints as `%6.4f` (kind
    "f", a float: C's printf, as trec_eval prints it; NaN as Python prints it), `%ld` (kind
-   "d", a float truncated as int() does) or as the str given (kind "s"). */
+   "d", a float truncated as int() does) or as the str given (kind "s").
+
+   cells(scores: [dict], grades: [dict], order_of: dict, score, doc, grade) -> bool
+
+   engine/batch.py `stack_scored`'s per-document pass: for each query's {doc: score} in
+   order, each document's score, order_of[doc] and grades[query].get(doc, NaN) into the
+   writable float64, int64 and float64 buffers score, doc and grade (one slot per document).
+   False, nothing promised written, when a mapping is not exactly a dict: the Python pass. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -243,7 +250,51 @@ done:
     return result;
 }
 
+static int as_long_long(PyObject *value, long long *out) {
+    *out = PyLong_AsLongLong(value);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+static PyObject *fill_cells(PyObject *self, PyObject *args) {
+    PyObject *scores, *grades, *order_of, *result = NULL;
+    Py_buffer score, doc, grade;
+    if (!PyArg_ParseTuple(args, "O!O!O!w*w*w*", &PyList_Type, &scores, &PyList_Type, &grades, &PyDict_Type,
+                          &order_of, &score, &doc, &grade)) return NULL;
+    Py_ssize_t nq = PyList_GET_SIZE(scores), slots = score.len / 8, at = 0;
+    double *score_at = score.buf, *grade_at = grade.buf;
+    long long *doc_at = doc.buf;
+    if (PyList_GET_SIZE(grades) != nq || doc.len / 8 != slots || grade.len / 8 != slots) {
+        PyErr_SetString(PyExc_ValueError, "cells: lists or buffers of different sizes");
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        PyObject *s = PyList_GET_ITEM(scores, q), *g = PyList_GET_ITEM(grades, q), *key, *value;
+        if (!PyDict_CheckExact(s) || !PyDict_CheckExact(g)) { result = Py_NewRef(Py_False); goto done; }
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(s, &pos, &key, &value)) {
+            if (at == slots) { PyErr_SetString(PyExc_ValueError, "cells: more documents than slots"); goto done; }
+            PyObject *rank = PyDict_GetItemWithError(order_of, key), *known;
+            if (rank == NULL) { if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key); goto done; }
+            if (!as_long_long(rank, &doc_at[at])) goto done;
+            if ((score_at[at] = PyFloat_AsDouble(value)) == -1.0 && PyErr_Occurred()) goto done;
+            if ((known = PyDict_GetItemWithError(g, key)) == NULL) {
+                if (PyErr_Occurred()) goto done;
+                grade_at[at] = Py_NAN;
+            } else if ((grade_at[at] = PyFloat_AsDouble(known)) == -1.0 && PyErr_Occurred()) goto done;
+            at++;
+        }
+    }
+    if (at != slots) { PyErr_SetString(PyExc_ValueError, "cells: fewer documents than slots"); goto done; }
+    result = Py_NewRef(Py_True);
+done:
+    PyBuffer_Release(&score);
+    PyBuffer_Release(&doc);
+    PyBuffer_Release(&grade);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"cells", fill_cells, METH_VARARGS, "stack_scored's per-document pass (see _treader.c)."},
     {"read", read_plain, METH_VARARGS, "A plain TREC file's queries, or None (see _treader.c)."},
     {"lines", format_lines, METH_VARARGS, "trec_eval's per-query lines (see _treader.c)."},
     {NULL, NULL, 0, NULL},
