@@ -53,7 +53,8 @@ def _relstrings(batch: Batch, n: int) -> list[str]:
     """m_relstring.c: per query, a character per document of its top n: a digit per grade,
     `>` above 9, `.` pooled but unjudged (a negative grade), `-` unpooled (no judgment)."""
     grades, judged = batch.grades[:, :n], batch.judged[:, :n]
-    code = np.where(~judged, 0, np.where(grades < 0, 1, np.where(grades > 9, 12, 2 + np.clip(grades, 0, 9).astype(int))))
+    digit = 2 + np.clip(grades, 0, 9).astype(int)
+    code = np.where(~judged, 0, np.where(grades < 0, 1, np.where(grades > 9, 12, digit)))
     text = RELSTRING[code].tobytes().decode("ascii")
     width = code.shape[1]
     return [text[i * width:i * width + k] for i, k in enumerate(np.minimum(batch.length, n).tolist())]
@@ -109,7 +110,7 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
 
 def per_query_lines(qids: list[str], table: list[tuple[Column, Sequence]]) -> str:
     """Every query's lines, query by query, each in the table's column order: by the C
-    formatter (_treader.c, `lines`: C's printf, as trec_eval prints), else in Python."""
+    formatter (_treader.c `lines`: `%6.4f` as trec_eval's printf rounds it), else in Python."""
     try:
         from rankmeter._treader import lines
     except ImportError:
@@ -149,7 +150,7 @@ def _sum(values: Iterable[float]) -> float:
 
 def _mean(values: np.ndarray) -> float:
     """`_sum(values) / len(values)`: cumsum adds in order as _sum does (np.sum would pair);
-    + 0.0 as _sum's start, so that only -0.0s sum to 0.0."""
+    + 0.0 for _sum's start of 0.0 (where -0.0s alone sum to 0.0)."""
     return (float(np.cumsum(values)[-1]) + 0.0) / len(values)
 
 
