@@ -10,8 +10,8 @@ is shared and absolute times drift. The values are checked equal before timing.
 
 With `--trec-eval PATH` (a trec_eval binary built from usnistgov/trec_eval), the two
 commands are timed too, end to end as a user runs them (process start-up included):
-`trec_eval -m map -m P.10 -m ndcg_cut.10` and `trec_eval -q -m all_trec` against
-`rankmeter eval` with the same arguments, whose outputs must be identical.
+`trec_eval -m map -m P.10 -m ndcg_cut.10`, `trec_eval -q -m all_trec` and `trec_eval -m
+all_trec` against `rankmeter eval` with the same arguments, whose outputs must be identical.
 """
 
 from __future__ import annotations
@@ -72,13 +72,16 @@ def timed(fn, *args) -> tuple[float, dict[str, float]]:
 
 TREC_ARGS = ["-m", "map", "-m", "P.10", "-m", "ndcg_cut.10"]
 ALL_TREC_ARGS = ["-q", "-m", "all_trec"]  # every measure, every query's lines: the printing too
+SUMMARY_ARGS = ["-m", "all_trec"]  # every measure, the `all` lines only
 
 
 def commands(trec_eval: str, qrels: str, run: str) -> dict[str, list[str]]:
     rankmeter = shutil.which("rankmeter", path=os.path.dirname(sys.executable)) or "rankmeter"
     return {"trec_eval": [trec_eval, *TREC_ARGS, qrels, run], "rankmeter eval": [rankmeter, "eval", *TREC_ARGS, qrels, run],
             "trec_eval -q all_trec": [trec_eval, *ALL_TREC_ARGS, qrels, run],
-            "rankmeter eval -q all_trec": [rankmeter, "eval", *ALL_TREC_ARGS, qrels, run]}
+            "rankmeter eval -q all_trec": [rankmeter, "eval", *ALL_TREC_ARGS, qrels, run],
+            "trec_eval all_trec": [trec_eval, *SUMMARY_ARGS, qrels, run],
+            "rankmeter eval all_trec": [rankmeter, "eval", *SUMMARY_ARGS, qrels, run]}
 
 
 def compare_commands(trec_eval: str, qrels: str, run: str, repeat: int) -> dict[str, float]:
@@ -86,6 +89,7 @@ def compare_commands(trec_eval: str, qrels: str, run: str, repeat: int) -> dict[
     outputs = {name: subprocess.run(cmd, capture_output=True, check=True).stdout for name, cmd in cmds.items()}
     assert outputs["trec_eval"] == outputs["rankmeter eval"], "outputs differ (-m map -m P.10 -m ndcg_cut.10)"
     assert outputs["trec_eval -q all_trec"] == outputs["rankmeter eval -q all_trec"], "outputs differ (-q all_trec)"
+    assert outputs["trec_eval all_trec"] == outputs["rankmeter eval all_trec"], "outputs differ (all_trec)"
     times: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(repeat):
         for name, cmd in cmds.items():
@@ -134,6 +138,13 @@ def main() -> int:
         print(f"rankmeter_eval_all_trec_command_seconds={ours_all:.3f}")
         print(f"trec_eval_all_trec_command_seconds={theirs_all:.3f}")
         print(f"speedup_vs_trec_eval_all_trec={theirs_all / ours_all:.2f}")
+        ours_sum, theirs_sum = command_times["rankmeter eval all_trec"], command_times["trec_eval all_trec"]
+        print(f"rankmeter_eval_all_trec_summary_command_seconds={ours_sum:.3f}")
+        print(f"trec_eval_all_trec_summary_command_seconds={theirs_sum:.3f}")
+        print(f"speedup_vs_trec_eval_all_trec_summary={theirs_sum / ours_sum:.2f}")
+        result.update({"rankmeter_eval_all_trec_summary_command_seconds": ours_sum,
+                       "trec_eval_all_trec_summary_command_seconds": theirs_sum,
+                       "speedup_vs_trec_eval_all_trec_summary": theirs_sum / ours_sum})
         result.update({"rankmeter_eval_command_seconds": ours_cmd, "trec_eval_command_seconds": theirs_cmd,
                        "speedup_vs_trec_eval": theirs_cmd / ours_cmd,
                        "rankmeter_eval_all_trec_command_seconds": ours_all,

@@ -153,6 +153,11 @@ def rows(r: dict[str, dict]) -> list[tuple[str, str, str, str]]:
     speed = _get(ev, "speedup_vs_pytrec_eval")
     row("rankmeter eval ≥ pytrec_eval's speed (10,000 × 100)", f"{_n(speed, '.2f')} ×",
         None if speed is None else speed >= 1.0, "bench_eval")
+    for args, key in (("-q -m all_trec", "speedup_vs_trec_eval_all_trec"),
+                      ("-m all_trec", "speedup_vs_trec_eval_all_trec_summary")):  # issue 23, with --trec-eval
+        speed = _get(ev, key)
+        row(f"rankmeter eval {args} ≥ trec_eval's speed (10,000 × 100)", f"{_n(speed, '.2f')} ×",
+            None if speed is None else speed >= 1.0, "bench_eval --trec-eval")
 
     rep = r.get("replicas")
     for backend, b in sorted((_get(rep, "backends") or {}).items()):

@@ -136,3 +136,17 @@ def test_batch_rows_are_independent_of_padding():
     together = values(names, [short, long])
     for name in names:
         np.testing.assert_array_equal(alone[name], together[name][:1])
+
+
+def test_precision_at_ranks_is_shared_within_a_batch_only():
+    # AP and IPrec@r of one batch share one cumsum (measures._precision_at_ranks keeps the last
+    # batch's); a second batch of the same shape, and a rebuilt one, get their own values.
+    first = [QueryState.from_grades(["a", "b", "c"], {"a": 1, "c": 1})]
+    second = [QueryState.from_grades(["a", "b", "c"], {"b": 1, "c": 1})]
+    names = ["AP", "IPrec@0.5", "AP@2"]
+    want_first, want_second = [0.5 * (1 + 2 / 3), 1.0, 0.5], [0.5 * (1 / 2 + 2 / 3), 2 / 3, 0.25]
+    for states, want in ((first, want_first), (second, want_second), (first, want_first)):
+        got = values(names, states)
+        assert [float(got[n][0]) for n in names] == pytest.approx(want, abs=1e-15)
+        shared = stack(states)
+        assert parse("AP").values(parse("AP").compute(shared)) == pytest.approx(want[0], abs=1e-15)

@@ -3,16 +3,24 @@ the line-by-line reader gives: the same tables, run ids and error messages, on g
 qrels and runs with every quirk the readers know (ties, ±inf, NaN, `#` comments, trailing
 fields, tabs and runs of blanks, blank lines, CRLF, non-ASCII, a query's lines apart,
 repeated documents, grades atol reads differently: `1e3`, `2.5`, `-0`), and the same
-trec_eval output end to end (-q all_trec, -M, -c, -J). `make venv` / `make test` build it."""
+trec_eval output end to end (-q all_trec, -M, -c, -J) with and without every C path (the
+reader, stack_scored's per-document pass, the line formatter). `make venv` / `make test`
+build it."""
 
 import io
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
+from types import MappingProxyType
+
+import numpy as np
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankmeter import trec
+from rankmeter.engine import stack_scored
 from rankmeter.trec_eval.names import Options, columns
 from rankmeter.trec_eval.report import Flags, evaluate
 
@@ -121,14 +129,51 @@ def test_trec_eval_output_alike(qrels, run, flags):
                 f.write(text)
         outputs = []
         for native in (True, False):
-            saved, out = trec._plain, io.StringIO()
-            if not native:
-                trec._plain = lambda *args: None
+            out = io.StringIO()
             try:
-                evaluate(*paths, cols, flags, out)
+                with without_c(not native):  # the reader, stack_scored's pass and the formatter
+                    evaluate(*paths, cols, flags, out)
                 outputs.append(out.getvalue())
             except trec.InputError as e:
                 outputs.append(str(e))
-            finally:
-                trec._plain = saved
     assert outputs[0] == outputs[1]
+
+
+@contextmanager
+def without_c(really: bool = True):
+    """rankmeter._treader made unimportable: every `from rankmeter._treader import` fails."""
+    saved = sys.modules.get("rankmeter._treader")
+    if really:
+        sys.modules["rankmeter._treader"] = None
+    try:
+        yield
+    finally:
+        if really:
+            sys.modules["rankmeter._treader"] = saved
+
+
+SCORES = st.sampled_from([1.0, 2.5, 0.0, -3.0, 7, float("inf"), -float("inf")])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(DOCS + ["d3", "x"]), SCORES),
+                          st.dictionaries(st.sampled_from(DOCS + ["y"]), st.sampled_from([0, 1, 2.0, -1.0, 12]))),
+                max_size=6), st.booleans())
+def test_stack_scored_alike(queries, proxy):
+    """stack_scored's per-document pass in C (`cells`) and in Python build the same Batch; a
+    mapping that is not a dict (a mappingproxy) takes the Python pass."""
+    scores = [MappingProxyType(s) if proxy and i == len(queries) - 1 else s for i, (s, _) in enumerate(queries)]
+    grades = [g for _, g in queries]
+    native = stack_scored(scores, grades, 1)
+    with without_c():
+        python = stack_scored(scores, grades, 1)
+    for a, b in zip(native, python):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_stack_scored_takes_the_c_pass():
+    assert _treader is not None, "service/rankmeter/_treader.c is not built: run scripts/build_native.py"
+    score, doc, grade = np.empty(2), np.empty(2, np.int64), np.empty(2)
+    assert _treader.cells([{"a": 1.5, "b": 2}], [{"b": 3}], {"a": 0, "b": 1}, score, doc, grade) is True
+    assert score.tolist() == [1.5, 2.0] and doc.tolist() == [0, 1] and grade[1] == 3.0 and np.isnan(grade[0])
+    assert _treader.cells([MappingProxyType({"a": 1})], [{}], {"a": 0}, score[:1], doc[:1], grade[:1]) is False

@@ -86,21 +86,21 @@ def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping
     n = int(length.sum())
     width = int(length.max(initial=0)) or 1
     cells = np.arange(width) < length[:, None]
-    docs = list(chain.from_iterable(scores))
-    order_of = dict(zip(sorted(set(docs)), count()))
+    order_of = dict(zip(sorted(set(chain.from_iterable(scores))), count()))
+    # Each shown document's score, its place in document id order, and its grade, NaN when
+    # it is not judged (grades are finite), in the run's order.
+    score, doc, grade = _cells(scores, grades, order_of, n)
     # Padding sorts last: its negated score is +inf; a document scored -inf ties with it and
     # stays ahead because lexsort is stable and a row's documents come before its padding.
     neg_score = np.full((q, width), np.inf)
-    neg_score[cells] = np.fromiter(chain.from_iterable(s.values() for s in scores), float, n)
+    neg_score[cells] = score
     np.negative(neg_score, out=neg_score, where=cells)
     neg_doc = np.zeros((q, width), np.int64)
-    neg_doc[cells] = np.fromiter(map(order_of.__getitem__, docs), np.int64, n)
+    neg_doc[cells] = doc
     np.negative(neg_doc, out=neg_doc)
     by_rank = np.lexsort((neg_doc, neg_score), axis=-1)
-    # A shown document's grade, NaN when it is not judged (grades are finite).
     shown = np.full((q, width), np.nan)
-    shown[cells] = np.fromiter(chain.from_iterable(map(g.get, s, repeat(np.nan)) for s, g in zip(scores, grades)),
-                               float, n)
+    shown[cells] = grade
     shown = np.take_along_axis(shown, by_rank, axis=1)
     judged = ~np.isnan(shown)
     graded = np.where(judged, shown, 0.0)
@@ -118,3 +118,20 @@ def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping
     rel = judged & (graded >= relevance_level)
     num_pooled = np.bincount(known_row[known < 0], minlength=q)
     return Batch(graded, judged, rel, length, ideal, num_rel, known_length - num_rel - num_pooled)
+
+
+def _cells(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping[str, float]],
+           order_of: dict[str, int], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`stack_scored`'s per-document pass: by _treader.c's `cells` when it is built (a
+    million dictionary look-ups, ~10x faster), else, or for mappings other than dicts, here."""
+    score, doc, grade = np.empty(n), np.empty(n, np.int64), np.empty(n)
+    try:
+        from rankmeter._treader import cells
+    except ImportError:
+        cells = None
+    if cells is not None and cells(list(scores), list(grades), order_of, score, doc, grade):
+        return score, doc, grade
+    score[:] = np.fromiter(chain.from_iterable(s.values() for s in scores), float, n)
+    doc[:] = np.fromiter(map(order_of.__getitem__, chain.from_iterable(scores)), np.int64, n)
+    grade[:] = np.fromiter(chain.from_iterable(map(g.get, s, repeat(np.nan)) for s, g in zip(scores, grades)), float, n)
+    return score, doc, grade

@@ -89,10 +89,19 @@ def _dcg(grades: np.ndarray, dcg: str, k: int | None) -> np.ndarray:
     return _rowsum(g / np.log2(_ranks(g.shape[1]) + 1.0))
 
 
+_AT_RANKS: list[tuple[np.ndarray, ...]] = []  # the last batch's (rel, cum, prec)
+
+
 def _precision_at_ranks(b: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """Relevant documents at or above each rank, and precision at each rank."""
-    cum = np.cumsum(b.rel, axis=1)
-    return cum, cum / _ranks(b.width)
+    """Relevant documents at or above each rank, and precision at each rank; the last batch's
+    kept read-only with its `rel` (so `is` matches no newer array): AP@k and IPrec@r share it."""
+    last = _AT_RANKS[-1] if _AT_RANKS else (None,)
+    if last[0] is not b.rel:
+        cum = np.cumsum(b.rel, axis=1)
+        last = (b.rel, cum, cum / _ranks(b.width))
+        cum.flags.writeable = last[2].flags.writeable = False
+        _AT_RANKS[:] = [last]
+    return last[1], last[2]
 
 
 # ---- the measures ----------------------------------------------------------------

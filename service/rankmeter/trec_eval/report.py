@@ -14,11 +14,13 @@ meas_avg.c, meas_print_single.c, meas_print_final.c).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import NamedTuple, TextIO
 
-from rankmeter.engine import Measure, parse, stack_scored
+import numpy as np
+
+from rankmeter.engine import Batch, Measure, parse, stack_scored
 from rankmeter.trec import InputError, gc_paused, rank, read_qrels, read_run
 from rankmeter.trec_eval.names import Column, cutoff_text
 
@@ -44,12 +46,18 @@ def _select(scores: dict[str, float], grades: dict[str, float], flags: Flags) ->
     return {d: scores[d] for d in ranked}
 
 
-def _relstring(grades: Sequence[float], judged: Sequence[bool]) -> str:
-    """m_relstring.c: a digit per grade, `>` above 9, `.` pooled but unjudged, `-` unpooled."""
-    out = []
-    for g, j in zip(grades, judged):
-        out.append("-" if not j else "." if g < 0 else ">" if g > 9 else str(int(g)))
-    return "".join(out)
+RELSTRING = np.frombuffer(b"-.0123456789>", np.uint8)  # unpooled, pooled unjudged, grades 0-9, above 9
+
+
+def _relstrings(batch: Batch, n: int) -> list[str]:
+    """m_relstring.c: per query, a character per document of its top n: a digit per grade,
+    `>` above 9, `.` pooled but unjudged (a negative grade), `-` unpooled (no judgment)."""
+    grades, judged = batch.grades[:, :n], batch.judged[:, :n]
+    digit = 2 + np.clip(grades, 0, 9).astype(int)
+    code = np.where(~judged, 0, np.where(grades < 0, 1, np.where(grades > 9, 12, digit)))
+    text = RELSTRING[code].tobytes().decode("ascii")
+    width = code.shape[1]
+    return [text[i * width:i * width + k] for i, k in enumerate(np.minimum(batch.length, n).tolist())]
 
 
 def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, out: TextIO) -> None:
@@ -64,60 +72,89 @@ def evaluate(qrels_path: str, run_path: str, cols: list[Column], flags: Flags, o
         if flags.max_docs is not None or flags.judged_only:
             scores = [_select(s, g, flags) for s, g in zip(scores, grades)]
         batch = stack_scored(scores, grades, flags.level)
-    bogus = [q not in run for q in qids]
-    values: dict[Measure, list[float]] = {}
+    bogus = np.array([q not in run for q in qids])
+    values: dict[Measure, np.ndarray] = {}
 
-    def per_query(m: Measure) -> list[float]:
+    def per_query(m: Measure) -> np.ndarray:
         if m not in values:
-            values[m] = m.values(m.compute(batch)).tolist()
+            values[m] = m.values(m.compute(batch))
         return values[m]
 
-    table: list[tuple[Column, list]] = []
+    table: list[tuple[Column, Sequence]] = []
     for col in cols:
         if col.points:  # 11pt_avg: summed from the highest recall point down, as m_11pt_avg.c
             rounding = "(rounding=lround)" if flags.rounding == "lround" else ""
-            rows = [per_query(parse(f"IPrec{rounding}@{cutoff_text(p)}")) for p in sorted(col.points, reverse=True)]
-            table.append((col, [_sum(r) / len(rows) for r in zip(*rows)]))
+            total = np.zeros(len(qids))
+            for p in sorted(col.points, reverse=True):
+                total += per_query(parse(f"IPrec{rounding}@{cutoff_text(p)}"))
+            table.append((col, total / len(col.points)))
         elif col.beta2 is not None:
             table.append((col, _set_f(col.beta2, *(per_query(parse(m)) for m in ("NumRelRet", "NumRet", "NumRel")))))
         elif col.label.startswith("relstring"):
-            n = int(col.kind)
-            table.append((col, [_relstring(batch.grades[i, :min(n, batch.length[i])],
-                                           batch.judged[i, :min(n, batch.length[i])]) for i in range(len(qids))]))
+            table.append((col, _relstrings(batch, int(col.kind))))
         elif col.measure is not None:
             v = per_query(col.measure)
             if col.label.startswith("utility"):
-                v = [0.0 if b else x for x, b in zip(v, bogus)]  # trec_eval zeroes a missing query's
+                v = np.where(bogus, 0.0, v)  # trec_eval zeroes a missing query's
             table.append((col, v))
         else:
             table.append((col, []))
     lines: list[str] = []
-    if flags.per_query:  # a column at a time through one format (millions of lines), then query by query
-        columns = [map(_format(col, vals[0]).__mod__, zip(qids, vals)) for col, vals in table if col.per_query]
-        lines.extend(chain.from_iterable(zip(*columns)))
+    if flags.per_query:
+        lines.append(per_query_lines(qids, [(col, vals) for col, vals in table if col.per_query]))
     if flags.summary:
         lines.extend(_line(col, "all", _summary(col, vals, qids, qrels, run.last_tag, flags)) for col, vals in table
                      if col.summary != "none")
     out.write("".join(lines))
 
 
-def _set_f(x: float, rel_ret: list[float], ret: list[float], rel: list[float]) -> list[float]:
+def per_query_lines(qids: list[str], table: list[tuple[Column, Sequence]]) -> str:
+    """Every query's lines, query by query, each in the table's column order: by the C
+    formatter (_treader.c `lines`: `%6.4f` as trec_eval's printf rounds it), else in Python."""
+    try:
+        from rankmeter._treader import lines
+    except ImportError:
+        return python_per_query_lines(qids, table)
+    columns = []
+    for col, vals in table:
+        prefix = f"{col.label:<22}\t"
+        if isinstance(vals, np.ndarray):
+            columns.append((prefix, "d" if col.kind == "long" else "f", vals.tolist()))
+        else:
+            columns.append((prefix, "s", [f"'{v}'" for v in vals]))
+    return lines(qids, columns)
+
+
+def python_per_query_lines(qids: list[str], table: list[tuple[Column, Sequence]]) -> str:
+    """`per_query_lines` without the C formatter: a column at a time through one %-format
+    (millions of lines), then query by query."""
+    columns = [map(_format(col, vals[0]).__mod__, zip(qids, vals.tolist() if isinstance(vals, np.ndarray) else vals))
+               for col, vals in table]
+    return "".join(chain.from_iterable(zip(*columns)))
+
+
+def _set_f(x: float, rel_ret: np.ndarray, ret: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """m_set_F.c: (x + 1)·P·R / (x·P + R) with x = β², in its order (0 with no relevant retrieved)."""
-    out = []
-    for hits, n, r in zip(rel_ret, ret, rel):
-        p, recall = (hits / n, hits / r) if hits else (0.0, 1.0)
-        out.append((x + 1.0) * p * recall / (x * p + recall))
-    return out
+    hits = rel_ret != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p, recall = np.where(hits, rel_ret / ret, 0.0), np.where(hits, rel_ret / rel, 1.0)
+    return (x + 1.0) * p * recall / (x * p + recall)
 
 
-def _sum(values) -> float:
+def _sum(values: Iterable[float]) -> float:
     total = 0.0
     for v in values:  # in order, as trec_eval accumulates (no pairwise summation)
         total += v
     return total
 
 
-def _summary(col: Column, vals: list, qids: list[str], qrels: dict, tag: str, flags: Flags):
+def _mean(values: np.ndarray) -> float:
+    """`_sum(values) / len(values)`: cumsum adds in order as _sum does (np.sum would pair);
+    + 0.0 for _sum's start of 0.0 (where -0.0s alone sum to 0.0)."""
+    return (float(np.cumsum(values)[-1]) + 0.0) / len(values)
+
+
+def _summary(col: Column, vals: np.ndarray, qids: list[str], qrels: dict, tag: str, flags: Flags):
     n = len(qids)
     if col.summary == "runid":
         return tag
@@ -126,10 +163,10 @@ def _summary(col: Column, vals: list, qids: list[str], qrels: dict, tag: str, fl
     if col.summary == "sum":
         if col.label == "num_rel" and flags.complete:  # m_num_rel.c: with -c, every grade > 0
             return sum(1 for q in qrels.values() for g in q.values() if g >= 1)
-        return sum(int(v) for v in vals)
-    if col.summary == "gm":
-        return math.exp(_sum(math.log(max(v, MIN_GEO_MEAN)) for v in vals) / n)
-    return _sum(vals) / n
+        return sum(map(int, vals.tolist()))
+    if col.summary == "gm":  # math.log, as C's log: numpy's may differ in the last bit
+        return math.exp(_sum(math.log(max(v, MIN_GEO_MEAN)) for v in vals.tolist()) / n)
+    return _mean(vals)
 
 
 def _format(col: Column, sample) -> str:
