@@ -36,8 +36,14 @@ from numpy.typing import ArrayLike
 
 from rankmeter.ab import clusters
 from rankmeter.ab.stats import Estimate, MeanSums, mean_difference
+from rankmeter.ab.sums import SLOTS
 
-__all__ = ["CovariateSums", "Adjusted", "theta", "adjust", "difference", "bucket_difference", "variance_reduction"]
+__all__ = ["CovariateSums", "Adjusted", "COVARIATE_SLOTS", "arm_sums", "theta", "adjust", "difference",
+           "bucket_difference", "variance_reduction"]
+
+#: Per measure of the definition, what CUPED adds beside an arm's A/B sums (ab/sums.py):
+#: Σx, Σx², Σxy over the queries the measure counts (x the covariate, y the value).
+COVARIATE_SLOTS = 3
 
 
 class CovariateSums(NamedTuple):
@@ -58,6 +64,16 @@ class Adjusted(NamedTuple):
     unadjusted: Estimate     # the same comparison without the covariate
     theta: float
     variance_reduction: float  # 1 − V(adjusted) / V(unadjusted); nan without both
+
+
+def arm_sums(vector: np.ndarray, covariate: np.ndarray, column: int) -> np.ndarray:
+    """One measure's [n, Σx, Σy, Σx², Σxy, Σy²] of an arm, from its A/B vector (ab/sums.py:
+    [..., size]; n, Σy, Σy² are the macro slots) and its covariate sums ([..., measures, 3]);
+    with user buckets both have a leading bucket axis and so does the result."""
+    base = SLOTS * column
+    n, y, y2 = vector[..., base], vector[..., base + 1], vector[..., base + 2]
+    x, x2, xy = (covariate[..., column, k] for k in range(COVARIATE_SLOTS))
+    return np.stack([n, x, y, x2, xy, y2], -1)
 
 
 def _centred(a: CovariateSums) -> tuple[float, float]:
