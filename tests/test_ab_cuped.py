@@ -131,3 +131,32 @@ def test_a_scaled_baseline_scales_its_adjusted_values():
     a = y - got.theta * (x - x.mean())
     assert got.estimate.delta == pytest.approx(a[arm == 1].mean() - 0.9 * a[arm == 0].mean(), abs=1e-12)
     assert got.theta == cuped.difference(t, b).theta
+
+
+def arm_vector(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One measure's A/B vector (ab/sums.py: a mean is a ratio with denominator 1) and its covariate sums."""
+    n = float(len(y))
+    vector = np.array([n, y.sum(), (y * y).sum(), y.sum(), n, (y * y).sum(), n, y.sum(), n, n])
+    return vector, np.array([[x.sum(), (x * x).sum(), (x * y).sum()]])
+
+
+def test_a_look_with_cuped_compares_the_adjusted_macro_metric_and_keeps_its_own_records():
+    from rankmeter.ab.experiment import look
+    from rankmeter.config import AB
+    arm, x, y = draw(5, 2000, 2000, 0.8, 0.05)
+    (vt, ct), (vb, cb) = arm_vector(x[arm == 1], y[arm == 1]), arm_vector(x[arm == 0], y[arm == 0])
+    vectors, covariates = {("new", ""): vt, ("base", ""): vb}, {("new", ""): ct, ("base", ""): cb}
+    on = AB(baseline="base", unit="query", cuped=True, primary=["nDCG@10 increase"])
+    result, kept = look("e", "base", vectors, ["nDCG@10"], on, {}, covariates=covariates)
+    by = {c.average: c for c in result.comparisons}
+    expected = cuped.difference(sums(x[arm == 1], y[arm == 1]), sums(x[arm == 0], y[arm == 0]))
+    assert by["macro"].estimate == expected.estimate
+    assert by["macro"].variance_reduction == expected.variance_reduction > 0.3
+    assert np.isnan(by["micro"].variance_reduction)     # ratios are not adjusted
+    assert by["micro"].estimate.delta == pytest.approx(y[arm == 1].mean() - y[arm == 0].mean())
+    assert sorted(k for k in kept if k.endswith("cuped")) == ["nDCG@10\x1fnew\x1f\x1fmacro\x1fcuped"]
+    assert any(k.startswith("nDCG@10\x1fnew\x1f\x1fmacro\x1fcuped\x1fship") for k in kept)
+    off, _ = look("e", "base", vectors, ["nDCG@10"], AB(baseline="base", unit="query", primary=["nDCG@10 increase"]),
+                  {}, covariates=covariates)
+    macro_off = next(c for c in off.comparisons if c.average == "macro")
+    assert macro_off.estimate == expected.unadjusted and np.isnan(macro_off.variance_reduction)
