@@ -160,3 +160,33 @@ def test_a_look_with_cuped_compares_the_adjusted_macro_metric_and_keeps_its_own_
                   {}, covariates=covariates)
     macro_off = next(c for c in off.comparisons if c.average == "macro")
     assert macro_off.estimate == expected.unadjusted and np.isnan(macro_off.variance_reduction)
+
+
+def test_the_variance_reduction_is_exported_and_reported():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rankmeter.ab import report
+    from rankmeter.ab.export import experiment_metrics
+    from rankmeter.ab.experiment import look
+    from rankmeter.config import AB
+    arm, x, y = draw(6, 1500, 1500, 0.8, 0.0)
+    (vt, ct), (vb, cb) = arm_vector(x[arm == 1], y[arm == 1]), arm_vector(x[arm == 0], y[arm == 0])
+    result, _ = look("e", "base", {("new", ""): vt, ("base", ""): vb}, ["nDCG@10"],
+                     AB(baseline="base", unit="query", cuped=True), {},
+                     covariates={("new", ""): ct, ("base", ""): cb})
+    [macro] = [c for c in result.comparisons if c.average == "macro"]
+
+    class Collector:
+        def collect(self):
+            return experiment_metrics(result)
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    text = generate_latest(registry).decode()
+    line = next(t for t in text.splitlines() if t.startswith("rankmeter_ab_variance_reduction{"))
+    assert 'average="macro"' in line and 'metric="nDCG@10"' in line and 'role="exploratory"' in line
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(macro.variance_reduction, rel=1e-12)
+    assert text.count("rankmeter_ab_variance_reduction{") == 1   # micro: not adjusted, not exported
+    rows = report.table(result, 0.05).splitlines()
+    assert "var. red." in next(r for r in rows if r.startswith("treatment"))
+    assert f"{macro.variance_reduction:.1%}" in next(r for r in rows if r.startswith("new") and "nDCG@10" in r)
