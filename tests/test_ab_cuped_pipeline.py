@@ -89,3 +89,19 @@ def test_cuped_off_keeps_no_table():
     feed(s.pipeline, s.bus, pre + during)
     assert not any(PRE in ps.ab for ps in s.pipeline.partitions.values())
     assert all(np.isnan(c.variance_reduction) for c in s.pipeline.experiments.look().comparisons)
+
+
+@pytest.mark.parametrize("table", [b"\x00" * 24, np.full(4096 * 9 * 2, np.nan).tobytes()])
+def test_an_unreadable_stored_table_is_left_out_and_counted(table):
+    """Another size (another ab.cuped_buckets), or values no checkpoint writes: skipped,
+    counted, and the look goes on with the other partitions' tables."""
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(10, 600, 600)
+    feed(s.pipeline, s.bus, pre)
+    s.pipeline.partitions[1].ab.pop(PRE, None)
+    s.store.ab.setdefault(1, {})[PRE] = table    # as a stored field of partition 1
+    before = s.pipeline.experiments.unreadable.counts["experiment"]
+    feed(s.pipeline, s.bus, during)
+    look = s.pipeline.experiments.look()
+    assert any(np.isfinite(c.variance_reduction) and c.variance_reduction > 0 for c in look.comparisons)
+    assert s.pipeline.experiments.unreadable.counts["experiment"] == before + 1   # read once, then cached

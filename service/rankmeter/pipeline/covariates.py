@@ -146,7 +146,11 @@ class Covariates:
                     self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE,
                                          f"{len(data)} bytes, not {8 * self.size} (ab.cuped_buckets × measures × 16)")
                     continue
-                total += np.frombuffer(data).reshape(self.buckets, self.measures, 2)
+                table = np.frombuffer(data).reshape(self.buckets, self.measures, 2)
+                if not np.isfinite(table).all() or (table[..., 0] < 0).any():
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE, "a count below 0 or a value not finite")
+                    continue
+                total += table
             n, s = total[..., 0], total[..., 1]
             pooled = np.divide(s.sum(0), n.sum(0), out=np.zeros(self.measures), where=n.sum(0) > 0)
             self._means = np.where(n > 0, s / np.where(n > 0, n, 1.0), pooled)
@@ -194,6 +198,9 @@ def arm_covariates(stored: Mapping[int, Mapping[str, bytes]], experiment: str, m
                 skip(p, field, f"{len(data)} bytes of covariate sums, not {8 * width}")
                 continue
             vector = np.frombuffer(data).reshape(measures, COVARIATE_SLOTS)
+            if not np.isfinite(vector).all():
+                skip(p, field, "covariate sums not finite")
+                continue
             if by_user:
                 out.setdefault((ranker, segment), np.zeros((buckets, measures, COVARIATE_SLOTS)))[int(bucket_[0])] += vector
             else:
