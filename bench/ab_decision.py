@@ -7,7 +7,7 @@ running statistics, τ² fixed per metric at its first look, the SRM test on).
         [--config all] [--seed 21]
 
 One line per configuration, ending `false_ship=… false_stop=… variance_reduction=…` (each
-rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED):
+rate with its Clopper–Pearson 95% interval; variance_reduction: nDCG@10's with CUPED, else n/a):
 
 * `aa`: 50/50, per query, independent metrics; `aa_90_10`: the treatment 10%; `aa_user`:
   per-user assignment (10,000 users, lognormal activity, a persistent user effect on every
@@ -19,6 +19,11 @@ rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED
   definition; `false_stop` counts `do_not_ship`).
 * `guardrail`: CTR down 25% against its 10% margin, the primaries unchanged: the share
   reaching `do_not_ship` (`false_ship` counts a ship, which would be wrong here).
+* CUPED (`ab.cuped`): query texts with a persistent difficulty (--persistence, fixed at 0.5),
+  a pre-period of PRE_PERIOD × the queries, each query's covariate its text's pre-period
+  mean: `aa_cuped` (A/A, every metric's rate: `aa_metric_max`), `no_persistence` (a
+  covariate unrelated to the outcome: VR ≈ 0), `power_persistent` and `power_cuped` (the
+  same experiments without and with CUPED). `pre_corr` is printed beside the reduction.
 * The boundaries, where each error rate is largest: `boundary_ship`, the primaries improved
   by 0.1 sd and CTR exactly 10% down (its margin), to 2 × --queries: a `ship` is a false
   ship of the intersection-union test (CTR is not shown non-inferior), a `do_not_ship` a
