@@ -7,7 +7,7 @@ running statistics, τ² fixed per metric at its first look, the SRM test on).
         [--config all] [--seed 21]
 
 One line per configuration, ending `false_ship=… false_stop=… variance_reduction=…` (each
-rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED):
+rate with its Clopper–Pearson 95% interval; variance_reduction: nDCG@10's with CUPED, else n/a):
 
 * `aa`: 50/50, per query, independent metrics; `aa_90_10`: the treatment 10%; `aa_user`:
   per-user assignment (10,000 users, lognormal activity, a persistent user effect on every
@@ -19,6 +19,11 @@ rate with its Clopper–Pearson 95% interval; variance_reduction n/a until CUPED
   definition; `false_stop` counts `do_not_ship`).
 * `guardrail`: CTR down 25% against its 10% margin, the primaries unchanged: the share
   reaching `do_not_ship` (`false_ship` counts a ship, which would be wrong here).
+* CUPED (`ab.cuped`): query texts with a persistent difficulty (--persistence, fixed at 0.5),
+  a pre-period of PRE_PERIOD × the queries, each query's covariate its text's pre-period
+  mean: `aa_cuped` (A/A, every metric's rate: `aa_metric_max`), `no_persistence` (a
+  covariate unrelated to the outcome: VR ≈ 0), `power_persistent` and `power_cuped` (the
+  same experiments without and with CUPED). `pre_corr` is printed beside the reduction.
 * The boundaries, where each error rate is largest: `boundary_ship`, the primaries improved
   by 0.1 sd and CTR exactly 10% down (its margin), to 2 × --queries: a `ship` is a false
   ship of the intersection-union test (CTR is not shown non-inferior), a `do_not_ship` a
@@ -36,6 +41,7 @@ About 4 min a configuration of 500 experiments of 10,000 queries on an idle core
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import NamedTuple
@@ -53,6 +59,8 @@ PRIMARY = ["nDCG@10 increase", "AP increase", "RR increase"]
 # Margins of about 0.07–0.09 sd: what a few tens of thousands of queries can show non-inferior.
 GUARDRAILS = ["CTR 10%", "Abandonment 0.04", "FirstClickRank 15%", "Clicks 0.06", "P@10 0.03"]
 ALPHA, BATCH, USERS = 0.05, 100, 10_000
+PERSISTENCE = 0.5   # fixed before measuring (issue 21): the figure is the correlation printed beside it
+PRE_PERIOD = 4      # the pre-period's queries, in multiples of the experiment's (four weeks before a week)
 RARE_GUARDRAILS = [g if not g.startswith("Clicks") else "Clicks 20%" for g in GUARDRAILS]  # of a 1% event
 
 
@@ -64,6 +72,8 @@ class Config(NamedTuple):
     shift: float = 0.0        # the primaries' latent shift, sd
     ctr: float = 1.0          # the treatment's CTR factor
     boundary: bool = False    # every guardrail's true effect exactly −margin (CTR: ctr = 0.9)
+    persistence: float = 0.0  # the share of a query's latent quality its text carries (pre-period and in-experiment)
+    cuped: bool = False       # ab.cuped: macro comparisons adjusted by the text's pre-period mean
 
 
 CONFIGS = {
@@ -81,6 +91,11 @@ CONFIGS = {
     "boundary_ship": Config(shift=0.1, ctr=0.9),
     "boundary_stop": Config(ctr=0.9, boundary=True),
     "boundary_stop_rare": Config(rare=True, ctr=0.9, boundary=True),
+    # CUPED (issue 21, part 2): persistent query-text difficulty (PERSISTENCE, --persistence).
+    "aa_cuped": Config(persistence=PERSISTENCE, cuped=True),
+    "no_persistence": Config(cuped=True),   # a covariate unrelated to the outcome: VR ≈ 0
+    "power_persistent": Config(shift=0.05, persistence=PERSISTENCE),
+    "power_cuped": Config(shift=0.05, persistence=PERSISTENCE, cuped=True),
 }
 _RANKS = np.arange(1, 101)
 _RANK_CDF = np.cumsum(_RANKS ** -1.3) / np.sum(_RANKS ** -1.3)
@@ -110,10 +125,33 @@ def values(z: np.ndarray, treated: np.ndarray, rare: bool, shift: float, ctr_fac
     return out
 
 
-def experiment(rng: np.random.Generator, queries: int, config: Config) -> tuple[np.ndarray, np.ndarray]:
-    """Cumulative arm vectors at every look, [looks, 2 (treatment, baseline), B, size] (B = 1
-    per query, clusters.BUCKETS per user), and each look's query count."""
-    share, by_user, rare, rho, shift, ctr, boundary = config
+def texts(rng: np.random.Generator, queries: int, config: Config, latent: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Query texts with a persistent difficulty: (the in-experiment latent, each query's
+    covariate [Q, 8], its text's mean value before the start). Q texts, PRE_PERIOD times as
+    many queries before the start as during it (a text has Poisson(4) pre-period queries;
+    one without any, 1.8%, gets the pooled pre-period mean, as the service does)."""
+    p, n_texts, n_pre = config.persistence, queries, PRE_PERIOD * queries
+    difficulty = rng.normal(size=n_texts)
+    text, pre_text = rng.integers(0, n_texts, queries), rng.integers(0, n_texts, n_pre)
+    pre_latent = np.sqrt(p) * difficulty[pre_text, None] + np.sqrt(1 - p) * rng.normal(size=(n_pre, 8))
+    pre = values(pre_latent, np.zeros(n_pre, bool), config.rare, 0.0, 1.0)
+    count = np.bincount(pre_text, minlength=n_texts)[:, None]
+    total = np.stack([np.bincount(pre_text, pre[:, j], minlength=n_texts) for j in range(8)], -1)
+    mean = np.where(count > 0, total / np.maximum(count, 1), pre.mean(0))
+    return np.sqrt(p) * difficulty[text, None] + np.sqrt(1 - p) * latent, mean[text]
+
+
+class Drawn(NamedTuple):
+    cum: np.ndarray          # [looks, 2 (treatment, baseline), B, size] cumulative arm vectors
+    n: np.ndarray            # each look's query count
+    covariates: np.ndarray | None  # [looks, 2, B, 8, 3] cumulative Σx, Σx², Σxy (CUPED)
+    pre_corr: float          # corr(covariate, value) of nDCG@10 over the experiment's queries
+
+
+def experiment(rng: np.random.Generator, queries: int, config: Config) -> Drawn:
+    """Cumulative arm vectors at every look (B = 1 per query, clusters.BUCKETS per user)."""
+    share, by_user, rare, rho, shift, ctr, boundary, persistence, cuped = config
     if by_user:
         weights = rng.lognormal(0.0, 1.5, USERS)
         user = rng.choice(USERS, queries, p=weights / weights.sum())
@@ -126,6 +164,9 @@ def experiment(rng: np.random.Generator, queries: int, config: Config) -> tuple[
         bucket = np.zeros(queries, dtype=int)
         common = np.zeros((queries, 1))
     latent = np.sqrt(rho) * rng.normal(size=(queries, 1)) + np.sqrt(1 - rho) * rng.normal(size=(queries, 8))
+    covariate = None
+    if persistence > 0 or cuped:   # (drawn after the rest: the other cells' data stay as they were)
+        latent, covariate = texts(rng, queries, config, latent)
     x = values((latent + common) / np.sqrt(1 + common.var() if by_user else 1.0), treated, rare, shift, ctr, boundary)
     buckets = clusters.BUCKETS if by_user else 1
     looks = queries // BATCH
@@ -136,26 +177,44 @@ def experiment(rng: np.random.Generator, queries: int, config: Config) -> tuple[
     for k, column in enumerate((np.ones_like(x), x, x * x, x, np.ones_like(x), x * x, np.ones_like(x), x)):
         slots[:, :, k] = column   # a mean is also a ratio with denominator 1
     per_query[:, -2:] = 1.0
-    out = np.stack([np.bincount(cell, per_query[:, j], minlength=looks * 2 * buckets)
-                    for j in range(per_query.shape[1])], -1).reshape(looks, 2, buckets, -1)
-    return np.cumsum(out, axis=0), (np.arange(looks) + 1) * BATCH
+    def cumulative(columns: np.ndarray) -> np.ndarray:
+        out = np.stack([np.bincount(cell, columns[:, j], minlength=looks * 2 * buckets)
+                        for j in range(columns.shape[1])], -1).reshape(looks, 2, buckets, -1)
+        return np.cumsum(out, axis=0)
+
+    n = (np.arange(looks) + 1) * BATCH
+    if covariate is None:
+        return Drawn(cumulative(per_query), n, None, math.nan)
+    cov = cumulative(np.stack([covariate, covariate ** 2, covariate * x], -1).reshape(queries, -1))
+    pre_corr = float(np.corrcoef(covariate[:, 0], x[:, 0])[0, 1])
+    return Drawn(cumulative(per_query), n, cov.reshape(looks, 2, buckets, m, 3), pre_corr)
+
+
+# Cells measured on the same data as another (with and without CUPED: one experiment each).
+SAME_DATA = {"power_cuped": "power_persistent"}
 
 
 def run(name: str, experiments: int, queries: int, seed: int, first: int = 0) -> dict:
     config = CONFIGS[name]
     share, by_user = config.share, config.by_user
     settings = AB(baseline="base", unit="user" if by_user else "query", split={"base": 1 - share, "new": share},
-                  alpha=ALPHA, primary=PRIMARY, guardrails=RARE_GUARDRAILS if config.rare else GUARDRAILS)
-    ships, stops, first_ship = 0, 0, []
+                  alpha=ALPHA, primary=PRIMARY, guardrails=RARE_GUARDRAILS if config.rare else GUARDRAILS,
+                  cuped=config.cuped)
+    ships, stops, first_ship, reductions, corrs = 0, 0, [], [], []
+    significant = dict.fromkeys(METRICS, 0)   # A/A: a macro comparison's running p ever below α
     for e in range(first, first + experiments):   # (experiment e's data is the same in any run)
-        rng = np.random.default_rng([seed, list(CONFIGS).index(name), e])
-        cum, n = experiment(rng, queries, config)
+        rng = np.random.default_rng([seed, list(CONFIGS).index(SAME_DATA.get(name, name)), e])
+        drawn = experiment(rng, queries, config)
+        cum, n = drawn.cum, drawn.n
         running: dict[str, str] = {}
         shipped = stopped = False
         for j in range(len(n)):
             arm = (lambda v: v) if by_user else (lambda v: v[0])
             vectors = {("new", ""): arm(cum[j, 0]), ("base", ""): arm(cum[j, 1])}
-            look, kept = ab_look("bench", "base", vectors, METRICS, settings, running, settled=True)
+            covariates = None if drawn.covariates is None else {
+                ("new", ""): arm(drawn.covariates[j, 0]), ("base", ""): arm(drawn.covariates[j, 1])}
+            look, kept = ab_look("bench", "base", vectors, METRICS, settings, running, settled=True,
+                                 covariates=covariates)
             running.update(kept)
             [d] = decide(look, settings) or [None]
             decision = d.decision if d else "keep_running"
@@ -163,13 +222,32 @@ def run(name: str, experiments: int, queries: int, seed: int, first: int = 0) ->
                 shipped = True
                 first_ship.append(int(n[j]))
             stopped |= decision == "do_not_ship"
-            if stopped and shipped:
+            if stopped and shipped and not name.startswith("aa"):
                 break
         ships += shipped
         stops += stopped
+        macro = {c.metric: c for c in look.comparisons if c.average == "macro"}
+        for metric, c in macro.items():
+            significant[metric] += c.running.p_value < ALPHA
+        if config.cuped:
+            reductions.append([macro[m].variance_reduction if m in macro else math.nan for m in METRICS])
+        if math.isfinite(drawn.pre_corr):
+            corrs.append(drawn.pre_corr)
         if (e + 1 - first) % 50 == 0:
             print(f"  {name}: {e + 1 - first}/{experiments}", file=sys.stderr)
-    return {"ships": ships, "stops": stops, "first_ship": first_ship, "experiments": experiments}
+    return {"ships": ships, "stops": stops, "first_ship": first_ship, "experiments": experiments,
+            "significant": significant, "reductions": np.array(reductions).reshape(-1, len(METRICS)),
+            "pre_corr": float(np.mean(corrs)) if corrs else math.nan}
+
+
+def upper(k: int, n: int) -> float:
+    return stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact").high
+
+
+def reduction(r: dict) -> str:
+    """The median variance reduction of nDCG@10 at the last look (n/a without CUPED)."""
+    vr = r["reductions"]
+    return "n/a" if not len(vr) else f"{np.nanmedian(vr[:, 0]):.3f}"
 
 
 def cp(k: int, n: int) -> str:
@@ -179,15 +257,23 @@ def cp(k: int, n: int) -> str:
 
 def line(name: str, r: dict, queries: int) -> str:
     n = r["experiments"]
-    head = f"{name:<14} experiments={n} queries={queries} looks_every={BATCH} primaries=3 guardrails=5"
-    if name == "power":
+    head = f"{name:<18} experiments={n} queries={queries} looks_every={BATCH} primaries=3 guardrails=5"
+    if math.isfinite(r["pre_corr"]):
+        head += f" persistence={CONFIGS[name].persistence} pre_corr={r['pre_corr']:.3f}"
+    if len(r["reductions"]):
+        head += " vr_by_metric=" + ",".join(f"{m}:{v:.3f}" for m, v in zip(METRICS, np.nanmedian(r["reductions"], 0)))
+    if name.startswith("aa"):   # every metric's A/A rate: the largest, with its upper bound
+        worst = max(METRICS, key=lambda m: r["significant"][m])
+        head += f" aa_metric_max={worst}:{cp(r['significant'][worst], n)}"
+    tail = f"variance_reduction={reduction(r)}"
+    if name.startswith("power"):
         q = np.percentile(r["first_ship"], [50, 90]).astype(int) if r["first_ship"] else ("-", "-")
         head += f" ship={cp(r['ships'], n)} queries_to_ship_median={q[0]} p90={q[1]}"
-        return f"{head} false_ship=0 false_stop={cp(r['stops'], n)} variance_reduction=n/a"
+        return f"{head} false_ship=0 false_stop={cp(r['stops'], n)} {tail}"
     if name == "guardrail":
         head += f" do_not_ship={cp(r['stops'], n)}"
-        return f"{head} false_ship={cp(r['ships'], n)} false_stop=n/a variance_reduction=n/a"
-    return f"{head} false_ship={cp(r['ships'], n)} false_stop={cp(r['stops'], n)} variance_reduction=n/a"
+        return f"{head} false_ship={cp(r['ships'], n)} false_stop=n/a {tail}"
+    return f"{head} false_ship={cp(r['ships'], n)} false_stop={cp(r['stops'], n)} {tail}"
 
 
 def main() -> None:
@@ -197,13 +283,19 @@ def main() -> None:
     parser.add_argument("--config", default="all", help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--power-experiments", type=int, default=250, help="for power and guardrail")
     parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--persistence", type=float, default=PERSISTENCE,
+                        help="the query texts' persistence in the CUPED cells (fixed at 0.5 for the figures)")
     parser.add_argument("--first", type=int, default=0, help="the first experiment's index (to split a run over cores)")
     args = parser.parse_args()
     names = list(CONFIGS) if args.config == "all" else args.config.split(",")
+    for name, c in CONFIGS.items():
+        if c.persistence:
+            CONFIGS[name] = c._replace(persistence=args.persistence)
     for name in names:
         started = time.monotonic()
-        queries = args.queries * {"power": 3, "boundary_ship": 2}.get(name, 1)
-        r = run(name, args.power_experiments if name in ("power", "guardrail") else args.experiments, queries, args.seed,
+        queries = args.queries * {"power": 3, "power_persistent": 3, "power_cuped": 3, "boundary_ship": 2}.get(name, 1)
+        power = name.startswith("power") or name == "guardrail"
+        r = run(name, args.power_experiments if power else args.experiments, queries, args.seed,
                 args.first)
         print(line(name, r, queries), flush=True)
         print(f"  ({time.monotonic() - started:.0f} s)", file=sys.stderr)

@@ -46,6 +46,8 @@ def test_config_file_from_environment(tmp_path):
     ({"RANKMETER_AB_START": "2026-12-01T09:00:00"},
      "invalid configuration: ab.start: '2026-12-01T09:00:00' has no time zone: add Z (UTC) or an offset"),
     ({"RANKMETER_AB_START": "2026-12-01 09:00"}, "ab.start: '2026-12-01 09:00' has no time zone"),
+    ({"RANKMETER_AB_CUPED": "true"}, "ab.cuped: needs an experiment (ab.baseline, ab.start)"),
+    ({"RANKMETER_AB_CUPED_BUCKETS": "1"}, "ab.cuped_buckets: must be from 2 to 1048576"),
 ])
 def test_bad_settings_name_the_setting(env, message):
     with pytest.raises(config.ConfigError) as e:

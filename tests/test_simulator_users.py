@@ -116,3 +116,27 @@ def test_the_cli_flags():
     bad = subprocess.run([sys.executable, "-m", "rankmeter", "simulate", "--assign", "user", "--history", "1h",
                           "--output", "-"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--assign" in bad.stderr
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+def test_a_texts_click_factor_persists_with_the_persistence(p):
+    """CUPED's world (simulator/users.py TextDifficulty): the log click factors of two queries
+    of one text correlate by p; the factor's mean is 1 (the click level is unchanged)."""
+    from rankmeter.simulator.users import TEXT_SIGMA, TextDifficulty
+    texts, rng = TextDifficulty(p), np.random.default_rng(4)
+    first = np.array([texts.factor(f"t{i}", rng) for i in range(20_000)])
+    second = np.array([texts.factor(f"t{i}", rng) for i in range(20_000)])
+    assert np.corrcoef(np.log(first), np.log(second))[0, 1] == pytest.approx(p, abs=0.03)
+    assert first.mean() == pytest.approx(1.0, abs=0.02)
+    assert np.log(first).std() == pytest.approx(TEXT_SIGMA, rel=0.03)
+
+
+def test_persistence_outside_0_to_1_is_refused_and_none_leaves_the_traffic_as_it_was():
+    from rankmeter.simulator.traffic import Simulator
+    from rankmeter.simulator.users import TextDifficulty
+    with pytest.raises(ValueError, match="persistence must be from 0 to 1"):
+        TextDifficulty(1.5)
+    corpus = Corpus(seed=3)
+    a, b = Simulator(seed=3, run_id="r", corpus=corpus), Simulator(seed=3, run_id="r", corpus=corpus, persistence=None)
+    assert [e.value for t in range(30) for e in a.query_events(t, 0.0)] == \
+        [e.value for t in range(30) for e in b.query_events(t, 0.0)]

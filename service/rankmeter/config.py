@@ -112,6 +112,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     ubi_hits_attribute: str = "hits"
 
 
+MAX_CUPED_BUCKETS = 1 << 20  # 16 MiB a measure per process at most
+
+
 class AB(msgspec.Struct, forbid_unknown_fields=True):
     """An A/B experiment: every ranker other than the baseline is compared with it."""
     baseline: str = ""          # the control ranker; empty: no experiment
@@ -128,6 +131,9 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     # The declared decision (ab/declared.py): "nDCG@10 increase"; guardrails "Abandonment 0.01", "CTR micro 2%".
     primary: list[str] = []
     guardrails: list[str] = []
+    # CUPED (ab/cuped.py): macro comparisons adjusted by the query text's pre-period mean.
+    cuped: bool = False
+    cuped_buckets: int = 65_536   # query-text hash buckets of the pre-period table (collisions merge texts)
 
 
 class Alerts(msgspec.Struct, forbid_unknown_fields=True):
@@ -311,6 +317,10 @@ def _check(s: Settings) -> None:
             fail("ab.mixture_after", str(e))
     if s.ab.min_queries < 2:
         fail("ab.min_queries", "must be at least 2")
+    if not 2 <= s.ab.cuped_buckets <= MAX_CUPED_BUCKETS:
+        fail("ab.cuped_buckets", f"must be from 2 to {MAX_CUPED_BUCKETS} (16 bytes a bucket and measure)")
+    if s.ab.cuped and not s.ab.baseline:
+        fail("ab.cuped", "needs an experiment (ab.baseline, ab.start): its covariate is the pre-period before ab.start")
     if any(share <= 0 for share in s.ab.split.values()):
         fail("ab.split", "shares must be > 0")
     if s.ab.baseline and not s.ab.start:

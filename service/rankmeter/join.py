@@ -51,6 +51,11 @@ class QueryRecord(msgspec.Struct, array_like=True):
     # Whether the query is in the debiased measures (pipeline/position_bias.py), decided at
     # its first evaluation, whatever clicks come later: 0 not yet, 1 in, 2 out.
     debiased: int = 0
+    # CUPED (pipeline/covariates.py): what a pre-period query adds to its text's bucket of
+    # the covariate table ([measures, 2]: counted, value), and what an enrolled query adds
+    # to its arm's covariate sums ([definition measures, 3]: Σx, Σx², Σxy).
+    pre_contribution: bytes = b""
+    cuped_contribution: bytes = b""
 
     @property
     def assembling(self) -> bool:

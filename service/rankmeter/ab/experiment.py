@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.ab import clusters, declared, hll
+from rankmeter.ab import clusters, cuped, declared, hll
 from rankmeter.ab import sums as ab_sums
 from rankmeter.ab.stats import (INTERLEAVING_TAU2, Estimate, MeanSums, RatioSums, Running, Sequential,
                                 mean_difference, msprt, preference, ratio_difference, srm_p_value, unit_variance,
@@ -41,6 +41,8 @@ class Comparison(NamedTuple):
     tau2: float = math.nan  # the mixture variance it is tested with, fixed at its first look
     # A declared metric's running sequences at the decision's levels (ab/declared.py `tests`), by name.
     tests: Mapping[str, Running] = {}
+    # ab.cuped: 1 − V(adjusted)/V(unadjusted) of the adjusted comparison (ab/cuped.py); nan: not adjusted.
+    variance_reduction: float = math.nan
 
 
 class ArmView(NamedTuple):
@@ -66,8 +68,8 @@ class Look(NamedTuple):
 
 def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.ndarray],
          names: list[str | None], settings: AB, running: Mapping[str, str],
-         settled: bool = True, users: Mapping[tuple[str, str], np.ndarray] | None = None
-         ) -> tuple[Look, dict[str, str]]:
+         settled: bool = True, users: Mapping[tuple[str, str], np.ndarray] | None = None,
+         covariates: Mapping[tuple[str, str], np.ndarray] | None = None) -> tuple[Look, dict[str, str]]:
     """`vectors`: (ranker, segment) -> the arm's summed vector over every partition, or
     with `ab.unit: user` its [B, size] sums per user bucket (ab/clusters.py: the variances
     and the sample-ratio test are then the cluster-robust ones over buckets); `names`: the
@@ -96,7 +98,16 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     t, c = arm.ratios[metric], control.ratios[metric]
                 if min(t.n, c.n) < settings.min_queries:
                     continue
-                if by_user:
+                adjusted = cuped_sums(covariates, vectors, ranker, segment, baseline, columns[metric], by_user) \
+                    if settings.cuped and average == "macro" else None
+                if adjusted is not None:
+                    cov_t, cov_b = adjusted
+                    if by_user and min(np.count_nonzero(cov_t[:, 0]), np.count_nonzero(cov_b[:, 0])) < clusters.MIN_BUCKETS:
+                        continue
+
+                    def difference(s: float) -> Estimate:
+                        return (cuped.bucket_difference if by_user else cuped.difference)(cov_t, cov_b, s).estimate
+                elif by_user:
                     y_t, n_t = ab_sums.bucket_sums(vectors[(ranker, segment)], columns[metric], average)
                     y_b, n_b = ab_sums.bucket_sums(vectors[(baseline, segment)], columns[metric], average)
                     if min(np.count_nonzero(n_t), np.count_nonzero(n_b)) < clusters.MIN_BUCKETS:
@@ -111,7 +122,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 estimate = difference(1.0)
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
                     continue
-                key = "\x1f".join((metric, ranker, segment, average))
+                key = "\x1f".join((metric, ranker, segment, average) + (("cuped",) if adjusted else ()))
                 before, tau2 = _decode(running.get(key)), _tau2(running.get(key))
                 if tau2 is None:
                     if not (settled or settings.mixture_variance):
@@ -127,7 +138,10 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     tests[test] = update(_decode(running.get(field)),
                                          msprt(estimate if s == 1.0 else difference(s), tau2, level))
                     kept[field] = _encode(tests[test], tau2)
-                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2, tests))
+                reduction = math.nan
+                if adjusted is not None:
+                    reduction = (cuped.bucket_difference if by_user else cuped.difference)(*adjusted).variance_reduction
+                comparisons.append(Comparison(metric, ranker, segment, average, estimate, now, tau2, tests, reduction))
     srm, notes = {}, []
     if settings.split:
         shares = settings.split
@@ -167,6 +181,19 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
     views = [ArmView(r, s, a.queries, a.judged, counts.get((r, s)))
              for (r, s), a in sorted(arms.items())]
     return Look(experiment, baseline, views, comparisons, srm, notes=tuple(notes)), kept
+
+
+def cuped_sums(covariates: Mapping[tuple[str, str], np.ndarray] | None, vectors: Mapping[tuple[str, str], np.ndarray],
+               ranker: str, segment: str, baseline: str, column: int, by_user: bool) -> tuple | None:
+    """Both arms' CovariateSums of one measure (per user bucket: [B, 6]), or None when either
+    arm has no covariate sums (the comparison stays unadjusted)."""
+    if not covariates or (ranker, segment) not in covariates or (baseline, segment) not in covariates:
+        return None
+    out = []
+    for arm in ((ranker, segment), (baseline, segment)):
+        rows = cuped.arm_sums(vectors[arm], covariates[arm], column)
+        out.append(rows if by_user else cuped.CovariateSums(*rows.tolist()))
+    return tuple(out)
 
 
 def user_srm(registers: list[np.ndarray | None], split: list[float], query_share_p: float) -> float:

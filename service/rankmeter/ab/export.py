@@ -22,14 +22,17 @@ def experiment_metrics(result: Look) -> Iterator[Metric]:
         ("ci_upper", "Upper bound of the always-valid confidence sequence for delta (mSPRT)."),
         ("p_value", "Always-valid p-value for delta != 0 (mSPRT, running minimum): valid however often it is read."),
         ("mixture_variance", "The mSPRT mixture variance tau^2 the comparison is tested with, fixed at its "
-                             "first look (ab.mixture_variance, or ab.mixture_scale times the metric's variance)."))}
+                             "first look (ab.mixture_variance, or ab.mixture_scale times the metric's variance)."),
+        ("variance_reduction", "ab.cuped: 1 - variance of the covariate-adjusted delta / variance of the unadjusted "
+                               "one (the query text's pre-period mean as covariate); absent where not adjusted."))}
     # A metric's role in the declared decision: primary, guardrail, or exploratory (no decision, no alert).
     roles = {(r.declared.metric, r.declared.average): r.declared.role for d in result.decisions for r in d.reasons}
     for c in result.comparisons:
         key = [c.metric, c.ranker, result.baseline, c.segment, c.average, roles.get((c.metric, c.average), "exploratory")]
         for name, value in (("delta", c.estimate.delta), ("relative_delta", c.estimate.relative),
                             ("ci_lower", c.running.ci_lower), ("ci_upper", c.running.ci_upper),
-                            ("p_value", c.running.p_value), ("mixture_variance", c.tau2)):
+                            ("p_value", c.running.p_value), ("mixture_variance", c.tau2),
+                            ("variance_reduction", c.variance_reduction)):
             if math.isfinite(value):
                 families[name].add_metric(key, value)
     yield from families.values()

@@ -54,13 +54,15 @@ def table(look: Look, alpha: float, average: str = "macro") -> str:
         state = "MISMATCH: do not trust this experiment" if p < alpha else "ok"
         lines.append(f"sample ratio ({segment or 'all'}): p = {p:.4g}  {state}")
     lines += ["", f"{'treatment':<18}{'segment':<10}{'metric':<16}{'delta':>10}{'relative':>10}"
-                  f"{'confidence sequence':>26}{'p':>10}  verdict"]
+                  f"{'confidence sequence':>26}{'p':>10}{'var. red.':>10}  verdict"]
     for c in look.comparisons:
         if c.average != average:
             continue
         cs = f"[{c.running.ci_lower:+.4f}, {c.running.ci_upper:+.4f}]"
+        # ab.cuped: the share of the variance the covariate removed; '-': not adjusted
+        vr = f"{c.variance_reduction:.1%}" if math.isfinite(c.variance_reduction) else "-"
         lines.append(f"{c.ranker:<18}{c.segment or '-':<10}{c.metric:<16}{c.estimate.delta:>+10.4f}"
-                     f"{c.estimate.relative:>+10.1%}{cs:>26}{c.running.p_value:>10.4g}  {verdict(c, look, alpha)}")
+                     f"{c.estimate.relative:>+10.1%}{cs:>26}{c.running.p_value:>10.4g}{vr:>10}  {verdict(c, look, alpha)}")
     if not look.comparisons:
         lines.append("(no statistics yet: each arm needs ab.min_queries queries, 30 users by user, and a "
                      "metric's mixture variance is fixed ab.mixture_after past the phase's start)")

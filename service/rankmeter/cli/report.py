@@ -72,7 +72,10 @@ def _report_ab(args: argparse.Namespace, settings, pipeline, store) -> int:
                           "arms": [a._asdict() for a in look.arms],
                           "comparisons": [{**c._asdict(), "estimate": c.estimate._asdict(),
                                            "running": c.running._asdict(), "verdict": report.verdict(c, look, alpha),
-                                           "tests": {k: r._asdict() for k, r in c.tests.items()}}
+                                           "tests": {k: r._asdict() for k, r in c.tests.items()},
+                                           # ab.cuped; null: not adjusted (JSON has no NaN)
+                                           "variance_reduction": c.variance_reduction
+                                           if c.variance_reduction == c.variance_reduction else None}
                                           for c in look.comparisons],
                           "decisions": report.decisions_json(look)}, indent=1))
     else:

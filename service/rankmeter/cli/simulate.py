@@ -30,6 +30,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--user-sigma", type=float, default=None, metavar="SIGMA",
                      help="σ of the users' click propensity (lognormal, mean 1; default 0.3): how unlike "
                           "one user's clicks are another's")
+    sim.add_argument("--persistence", type=float, default=None, metavar="P",
+                     help="persistent query-text difficulty, 0 to 1: the share of a query's click-level "
+                          "variation its text carries at every query (CUPED's covariate); default: none")
     sim.add_argument("--truth", action="store_true",
                      help="print the true nDCG@10, P@10 and AP per ranker from the hidden grades at the end")
     sim.add_argument("--create-topics", type=int, default=4, metavar="PARTITIONS",
@@ -130,9 +133,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--peak needs --history")
     if args.history is not None and (args.interleave or args.regression_at is not None):
         raise UsageError("--interleave and --regression-at are live only; with --history use --peak and --regression")
-    if args.history is not None and (args.assign != "query" or args.user_sigma is not None):
-        raise UsageError("--assign and --user-sigma are live only")
+    if args.history is not None and (args.assign != "query" or args.user_sigma is not None
+                                     or args.persistence is not None):
+        raise UsageError("--assign, --user-sigma and --persistence are live only")
     users = {} if args.user_sigma is None else {"user_sigma": args.user_sigma}
+    if args.persistence is not None:
+        users["persistence"] = args.persistence
     try:  # the traffic first: a mistake in it is reported before any connection
         traffic = _history(args) if args.history is not None else Simulator(
             seed=args.seed, split=args.split, regression_at=args.regression_at, interleave=args.interleave,

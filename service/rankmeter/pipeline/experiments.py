@@ -20,6 +20,7 @@ from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
+from rankmeter.pipeline.covariates import PRE, SUFFIX, Covariates, arm_covariates
 from rankmeter.pipeline.labels import Labels
 from rankmeter.pipeline.phases import Phase
 from rankmeter.pipeline.state import PAIRS, PartitionState
@@ -89,6 +90,37 @@ def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> s
     return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{since}"
 
 
+def arm_vectors(stored: Mapping[int, Mapping[str, bytes]], experiment: str, size: int, by_user: bool,
+                unreadable: Callable[[int, str, bytes], bool], skip: Callable[[int, str, str], None]
+                ) -> tuple[dict[tuple[str, str], np.ndarray], set[str]]:
+    """Each arm's A/B sums over every partition ((ranker, segment) -> [size], with user
+    buckets [BUCKETS, size]), and the experiment names stored (for the phase's notes)."""
+    vectors: dict[tuple[str, str], np.ndarray] = {}
+    names: set[str] = set()
+    for p, fields in stored.items():
+        for field, data in fields.items():
+            if field in (PAIRS, PRE) or field.startswith(INTERLEAVING) or unreadable(p, field, data):
+                continue
+            name, ranker, segment, *bucket = field.split("\x1f")
+            if name.endswith(SUFFIX):
+                continue  # covariate sums (ab.cuped: pipeline/covariates.py)
+            names.add(name)
+            vector = np.frombuffer(data)
+            if name != experiment:
+                continue  # another experiment (an earlier phase), or a replica on another configuration
+            if len(vector) != size:
+                skip(p, field, f"{len(data)} bytes, not {8 * size}")
+                continue
+            if by_user != bool(bucket):
+                continue  # (the unit is in the name: a field of another layout, not ours)
+            arm = (ranker, segment)
+            if by_user:  # one row per user bucket: the clusters of ab/clusters.py
+                vectors.setdefault(arm, np.zeros((clusters.BUCKETS, size)))[int(bucket[0])] += vector
+            else:
+                vectors[arm] = vectors.get(arm, 0) + vector
+    return vectors, names
+
+
 class Experiments:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], layout: Layout,
                  clock: Callable[[], float], labels: Labels, unreadable: Unreadable) -> None:
@@ -113,6 +145,7 @@ class Experiments:
         # checkpoints): a look reading back something else found them lost (running_lost).
         self._saved: dict[str, dict[str, str]] = {}
         self.running_lost = 0
+        self.covariates = Covariates(settings, store, held, len(layout.names), unreadable)
 
     @property
     def name(self) -> str | None:
@@ -166,6 +199,9 @@ class Experiments:
         A/B contributions (every enrolled impression counts, unjudged ones as 0)."""
         experiment, phase = self.name, self.phase
         inside = [experiment is not None and r.ab_experiment == experiment for r in records]
+        m = len(self.layout.names)  # the debiased measures, last, are not in experiments
+        if self.covariates.on:
+            self.covariates.observe_batch(keys, records, values[:, :m])
         if not any(inside):
             return
         if not phase.definition:
@@ -180,7 +216,6 @@ class Experiments:
                     inside[i] = False
                     self.unreadable.skip("experiment", f"{{{keys[i].partition}}}:queries", record.query_id,
                                          f"{len(record.ab_contribution)} bytes of A/B sums, not {8 * size}")
-        m = len(self.layout.names)  # the debiased measures, last, are not in experiments
         new = ab_sums.contributions(phase.columns, values[:, :m], nums[:, :m], dens[:, :m], judged, old)
         for k, record, vector, before, counts in zip(keys, records, new, old, inside):
             if not counts:
@@ -199,6 +234,8 @@ class Experiments:
             sums += vector - before
             ps.dirty_ab.add(field)
             record.ab_contribution = vector.tobytes()
+        if self.covariates.on:
+            self.covariates.move(keys, records, values[:, :m], inside, experiment, phase.columns, self.by_user)
 
     def credit_interleaving(self, keys: list[Touched], records: list[QueryRecord]) -> None:
         """Team-draft credit (Radlinski et al., CIKM 2008): each clicked document counts for
@@ -240,27 +277,8 @@ class Experiments:
             return None
         if not phase.definition:
             phase.resolve()
-        vectors: dict[tuple[str, str], np.ndarray] = {}
-        names: set[str] = set()
-        for p, fields in stored.items():
-            for field, data in fields.items():
-                if field == PAIRS or field.startswith(INTERLEAVING) or self._unreadable(p, field, data):
-                    continue
-                name, ranker, segment, *bucket = field.split("\x1f")
-                names.add(name)
-                vector = np.frombuffer(data)
-                if name != experiment:
-                    continue  # another experiment (an earlier phase), or a replica on another configuration
-                if len(vector) != phase.size:
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field, f"{len(data)} bytes, not {8 * phase.size}")
-                    continue
-                if self.by_user != bool(bucket):
-                    continue  # (the unit is in the name: a field of another layout, not ours)
-                arm = (ranker, segment)
-                if self.by_user:  # one row per user bucket: the clusters of ab/clusters.py
-                    vectors.setdefault(arm, np.zeros((clusters.BUCKETS, phase.size)))[int(bucket[0])] += vector
-                else:
-                    vectors[arm] = vectors.get(arm, 0) + vector
+        vectors, names = arm_vectors(stored, experiment, phase.size, self.by_user, self._unreadable,
+                                     lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why))
         # What the running statistics keep depends on alpha and the mixture too.
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
@@ -269,8 +287,12 @@ class Experiments:
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
         # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
+        covariates = arm_covariates(stored, experiment, len(phase.definition), self.by_user, clusters.BUCKETS,
+                                    lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)) \
+            if a.cuped else None
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled,
-                               arm_users(self.store, stored, experiment, self.unreadable) if self.by_user else None)
+                               arm_users(self.store, stored, experiment, self.unreadable) if self.by_user else None,
+                               covariates)
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
         notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ())
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,

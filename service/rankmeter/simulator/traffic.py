@@ -49,7 +49,7 @@ from rankmeter.simulator.corpus import Corpus, Query
 from rankmeter.simulator.interleaving import team_draft
 from rankmeter.simulator.regressions import REGRESSED_NOISE, Regression, check_regression
 from rankmeter.simulator.truth import TruthPoint, TruthTally
-from rankmeter.simulator.users import PROPENSITY_SIGMA, Users, Visit, arm_share
+from rankmeter.simulator.users import PROPENSITY_SIGMA, TextDifficulty, Users, Visit, arm_share
 
 ATTRACTIVE = {0: 0.04, 1: 0.25, 2: 0.55, 3: 0.85}   # P(click | examined, true grade)
 DWELL_MEDIAN_S = {0: 4.0, 1: 15.0, 2: 40.0, 3: 80.0}
@@ -90,8 +90,9 @@ class Simulator:
                  truth_log: bool = False, examination: str | None = None,
                  track_examination: bool = False, degrade_share: float = 1.0,
                  react: float = 0.0, assign: str = "query",
-                 user_sigma: float = PROPENSITY_SIGMA) -> None:
+                 user_sigma: float = PROPENSITY_SIGMA, persistence: float | None = None) -> None:
         check_knobs(assign, interleave, degrade_share)
+        self.texts = TextDifficulty(persistence)
         self.assign = assign
         self.corpus = corpus or Corpus(seed=seed)
         self.index = Index(self.corpus)
@@ -194,7 +195,8 @@ class Simulator:
         presentation = {r.ranker: 1.0 - r.size for r in self.regressions
                         if r.kind == "clicks" and r.active(elapsed_s)}
         # The presentation problem last: it takes its share of every click, whoever the user.
-        attractive = [min(ATTRACTIVE[grades.get(doc, 0)] * visit.propensity, 1.0) * presentation.get(team, 1.0)
+        propensity = visit.propensity * self.texts.factor(query.text, self.rng)
+        attractive = [min(ATTRACTIVE[grades.get(doc, 0)] * propensity, 1.0) * presentation.get(team, 1.0)
                       for doc, team in zip(results, teams)]
         if self._examined is not None and attractive:
             n = min(len(attractive), K)
@@ -211,10 +213,7 @@ class Simulator:
     def true_examination(self) -> np.ndarray:
         """Mean true P(examine rank r), r = 1..K, over the lists shown so far (NaN at a rank
         no list reached); needs `track_examination=True`."""
-        if self._examined is None:
-            raise ValueError("the simulator was made without track_examination=True")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return self._examined / self._lists_at
+        return true_examination(self._examined, self._lists_at)
 
     def _sample_query(self) -> Query:
         # As Corpus.sample_query (rng.choice with p draws one uniform the same way), faster.
@@ -328,6 +327,13 @@ class Simulator:
             if ahead > 0:
                 time.sleep(min(ahead, 0.5))
         return sent
+
+
+def true_examination(examined: np.ndarray | None, lists_at: np.ndarray) -> np.ndarray:
+    if examined is None:
+        raise ValueError("the simulator was made without track_examination=True")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return examined / lists_at
 
 
 def check_knobs(assign: str, interleave: tuple[str, str] | None, degrade_share: float) -> None:

@@ -4,6 +4,7 @@ assignment) which arm they are in."""
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -57,3 +58,32 @@ def arm_share(client_id: str) -> float:
     is in the first arm when it is below the split: the same arm at every query."""
     digest = hashlib.blake2b(client_id.encode("utf-8"), digest_size=8, person=b"rm-assign").digest()
     return int.from_bytes(digest, "big") / 2.0 ** 64
+
+
+TEXT_SIGMA = 0.5   # σ of the log of a query's click factor with `persistence` (lognormal, mean 1)
+
+
+class TextDifficulty:
+    """Persistent query-text difficulty (`persistence`, CUPED's world: bench/ab_decision.py
+    --persistence): each query's clicks are scaled by exp(σ(√p·d_text + √(1 − p)·ε) − σ²/2),
+    d_text drawn once per text and ε per query, both N(0, 1): with p = 1 a text's click
+    level is the same at every query (its past predicts its future), with p = 0 it is new
+    noise at each query. None (the default): no such factor, the traffic as before. The
+    text's hidden grades persist either way, as do the users' click propensities
+    (`user_sigma`)."""
+
+    def __init__(self, persistence: float | None) -> None:
+        if persistence is not None and not 0.0 <= persistence <= 1.0:
+            raise ValueError(f"persistence must be from 0 to 1, got {persistence!r}")
+        self.persistence = persistence
+        self._d: dict[str, float] = {}
+
+    def factor(self, text: str, rng: np.random.Generator) -> float:
+        p = self.persistence
+        if p is None:
+            return 1.0
+        d = self._d.get(text)
+        if d is None:
+            d = self._d[text] = float(rng.normal())
+        z = math.sqrt(p) * d + math.sqrt(1.0 - p) * float(rng.normal())
+        return math.exp(TEXT_SIGMA * z - TEXT_SIGMA ** 2 / 2)

@@ -1,0 +1,115 @@
+"""CUPED end to end on the real Kafka and Redis (issue 21, part 2): query texts with a
+persistent click propensity, shown before ab.start (the pre-period: serve builds its
+covariate table, stores it in Redis and stops), then the experiment, read by a new
+process, whose treatment lifts clicks. Exported: the θ-adjusted difference of Clicks
+(macro) and its variance reduction, each equal to statsmodels OLS (`y ~ arm + x`, x the
+text's pre-period mean computed here from the events) to 1e-9, and `ship` on the
+declared primary."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+
+from serving import Serve, produce, unique_topics, wait_until
+from test_ab import ab_series
+
+pytestmark = [pytest.mark.integration, pytest.mark.long]
+
+BASE, NEW, TEXTS = "base", "new", 40
+
+
+def stream(seed: int, pre: int, during: int, start: int):
+    rnd = random.Random(seed)
+    propensity = [rnd.random() for _ in range(TEXTS)]
+    phases: dict[str, tuple[list, list]] = {"pre": ([], []), "during": ([], [])}
+    truth = []
+    for q in range(pre + during):
+        phase = "pre" if q < pre else "during"
+        qid, text, ranker = f"c{seed}-{q}", rnd.randrange(TEXTS), (NEW if q % 2 else BASE)
+        t = start - 250_000 + rnd.randrange(200_000) if phase == "pre" else start + rnd.randrange(200_000)
+        results = [f"doc{n}" for n in rnd.sample(range(300), 10)]
+        lift = 0.05 if (phase, ranker) == ("during", NEW) else 0.0
+        clicked = [d for d in results if rnd.random() < 0.4 * propensity[text] + lift]
+        impressions, feedback = phases[phase]
+        impressions.append((qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
+                                  "user_query": f"Text  {text}"}))   # (case and spacing folded by the hash)
+        feedback += [(qid, {"query_id": qid, "doc_id": d, "timestamp": t + 1000, "action": "click",
+                            "event_id": f"{qid}-{d}"}) for d in clicked]
+        truth.append((phase, ranker, text, len(clicked)))
+    return phases, truth
+
+
+def expected(truth) -> dict:
+    """Independently: x = the text's bucket mean of Clicks before the start (65,536 buckets of
+    the folded text's BLAKE2b hash), OLS of y on arm and x."""
+    where = {t: int(hashlib.blake2b(f"text {t}".encode(), digest_size=8).hexdigest(), 16) % 65_536
+             for t in range(TEXTS)}
+    pre: dict[int, list[int]] = {}
+    for phase, _, text, clicks in truth:
+        if phase == "pre":
+            pre.setdefault(where[text], []).append(clicks)
+    pooled = float(np.mean([c for v in pre.values() for c in v]))
+    rows = [(ranker == NEW, np.mean(pre.get(where[text], [pooled])), clicks)
+            for phase, ranker, text, clicks in truth if phase == "during"]
+    arm, x, y = (np.array(c, dtype=float) for c in zip(*rows))
+    fit = sm.OLS(y, np.column_stack([np.ones_like(y), arm, x])).fit()
+
+    def variance(v: np.ndarray) -> float:   # Welch (HC2 of v ~ arm) with the null's floor, as ab/stats.py
+        welch = sm.OLS(v, np.column_stack([np.ones_like(v), arm])).fit(cov_type="HC2").bse[1] ** 2
+        return max(welch, sm.OLS(v, np.ones_like(v)).fit().scale * (1 / arm.sum() + 1 / (1 - arm).sum()))
+
+    adjusted = y - fit.params[2] * (x - x.mean())
+    return {"delta": fit.params[1], "variance_reduction": 1 - variance(adjusted) / variance(y),
+            "raw": y[arm == 1].mean() - y[arm == 0].mean(), "n": len(y)}
+
+
+def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bootstrap, redis_url, tmp_path: Path):
+    start = int(time.time() * 1000) - 300_000
+    phases, truth = stream(33, 2000, 2000, start)
+    want = expected(truth)
+    assert want["variance_reduction"] > 0.2
+    topics = unique_topics(kafka_bootstrap)
+    group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
+    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_START": str(start),
+           "RANKMETER_AB_MIXTURE_AFTER": "0s", "RANKMETER_AB_CUPED": "true",
+           "RANKMETER_AB_PRIMARY": "Clicks increase"}
+    # The pre-period alone first: every pre-period event is in the table before any event of
+    # the experiment is read (a partition's table freezes once it reads one).
+    impressions, feedback = phases["pre"]
+    produce(kafka_bootstrap, topics.impressions, impressions)
+    produce(kafka_bootstrap, topics.feedback, feedback)
+    with Serve(kafka_bootstrap, redis_url, topics, group, prefix, env, log_path=tmp_path / "pre.log").start() as pre:
+        pre.wait_for_events(len(impressions) + len(feedback))
+        wait_until(lambda: sum(v for (n, _), v in pre.metrics().items() if n == "rankmeter_consumer_lag") == 0,
+                   60, "the pre-period to be consumed")
+    impressions, feedback = phases["during"]
+    produce(kafka_bootstrap, topics.impressions, impressions)
+    produce(kafka_bootstrap, topics.feedback, feedback)
+    with Serve(kafka_bootstrap, redis_url, topics, group, prefix, env, log_path=tmp_path / "serve.log").start() as serve:
+        def clicks() -> dict:
+            got = {}
+            for (name, labels), v in ab_series(serve).items():
+                d = dict(labels)
+                if d.get("metric") == "Clicks" and d.get("average") == "macro":
+                    got[name] = v
+                if name == "rankmeter_ab_queries":
+                    got[f"queries {d['ranker']}"] = v
+                if name == "rankmeter_ab_decision" and v == 1:
+                    got["decision"] = d["decision"]
+            return got
+
+        wait_until(lambda: clicks().get("queries new", 0) + clicks().get("queries base", 0) == want["n"]
+                   and "rankmeter_ab_variance_reduction" in clicks(), 90, "the experiment to be consumed")
+        wait_until(lambda: clicks().get("decision") == "ship", 30, "ship")
+        got = clicks()
+    assert got["rankmeter_ab_delta"] == pytest.approx(want["delta"], abs=1e-9)
+    assert got["rankmeter_ab_variance_reduction"] == pytest.approx(want["variance_reduction"], abs=1e-9)
+    assert abs(want["delta"] - want["raw"]) > 1e-6   # (adjusted: not the raw difference)

@@ -1,0 +1,107 @@
+"""CUPED on the pipeline (pipeline/covariates.py): the pre-period table is built from the
+queries shown before ab.start and frozen at it, each enrolled query's covariate is its
+text's pre-period mean, and a look's adjusted comparison equals statsmodels OLS computed
+independently from the same events."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+
+from rankmeter.ab import cuped
+from rankmeter.pipeline.covariates import PRE
+
+from test_ab_pipeline import NOW_MS, an_experiment, feed
+
+START_MS = NOW_MS - 600_000
+TEXTS = 60
+
+
+def events(seed: int, pre: int, during: int):
+    """Texts with a persistent click propensity; pre-period queries (before the start), then
+    the experiment's. Returns (pre events, experiment events, truth per query)."""
+    rnd = random.Random(seed)
+    propensity = [rnd.random() for _ in range(TEXTS)]
+    out: dict[str, list] = {"pre": [], "during": []}
+    truth = {}
+    for q in range(pre + during):
+        phase = "pre" if q < pre else "during"
+        qid, text = f"q{q}", rnd.randrange(TEXTS)
+        ranker = rnd.choice(["base", "new"])
+        t = START_MS - 300_000 + rnd.randrange(250_000) if phase == "pre" else START_MS + rnd.randrange(400_000)
+        results = [f"d{j}" for j in range(10)]
+        lift = 0.1 if ranker == "new" and phase == "during" else 0.0
+        clicked = [d for d in results if rnd.random() < 0.3 * propensity[text] + lift]
+        out[phase].append(("impressions", qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
+                                                "user_query": f"text {text}"}))
+        out[phase] += [("feedback", qid, {"query_id": qid, "action": "click", "doc_id": d, "timestamp": t + 1000})
+                       for d in clicked]
+        truth[qid] = (phase, ranker, text, len(clicked))
+    return out["pre"], out["during"], truth
+
+
+def test_the_adjusted_comparison_equals_ols_on_the_pre_period_covariate():
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, truth = events(8, 1500, 1500)
+    feed(s.pipeline, s.bus, pre)
+    feed(s.pipeline, s.bus, during)
+    tables = {p: ps.ab[PRE].copy() for p, ps in s.pipeline.partitions.items() if PRE in ps.ab}
+    assert tables
+    # A click at or after the start on a pre-period query moves nothing: the table is frozen.
+    late = next(q for q, (phase, *_rest) in truth.items() if phase == "pre")
+    feed(s.pipeline, s.bus, [("feedback", late, {"query_id": late, "action": "click", "doc_id": "d9",
+                                                  "timestamp": START_MS + 500_000})])
+    assert all(np.array_equal(ps.ab[PRE], tables[p]) for p, ps in s.pipeline.partitions.items() if PRE in ps.ab)
+
+    look = s.pipeline.experiments.look()
+    [c] = [c for c in look.comparisons if c.metric == "Clicks" and c.average == "macro"]
+    # Independently: each text bucket's mean clicks before the start (texts whose hashes
+    # collide in the 4,096 buckets merge: two of these 60 do), each enrolled query's value.
+    where = {t: int(hashlib.blake2b(f"text {t}".encode(), digest_size=8).hexdigest(), 16) % 4096 for t in range(TEXTS)}
+    assert len(set(where.values())) < TEXTS
+    pre_clicks: dict[int, list[int]] = {}
+    for phase, _, text, clicks in truth.values():
+        if phase == "pre":
+            pre_clicks.setdefault(where[text], []).append(clicks)
+    pooled = np.mean([k for v in pre_clicks.values() for k in v])
+    rows = [(ranker == "new", np.mean(pre_clicks.get(where[text], [pooled])), clicks)
+            for phase, ranker, text, clicks in truth.values() if phase == "during"]
+    arm, x, y = (np.array(col, dtype=float) for col in zip(*rows))
+    fit = sm.OLS(y, np.column_stack([np.ones_like(y), arm, x])).fit()
+    assert c.estimate.delta == pytest.approx(fit.params[1], abs=1e-9)
+    a = y - fit.params[2] * (x - x.mean())
+    welch = sm.OLS(a, np.column_stack([np.ones_like(a), arm])).fit(cov_type="HC2").bse[1] ** 2
+    floor = sm.OLS(a, np.ones_like(a)).fit().scale * (1 / arm.sum() + 1 / (1 - arm).sum())
+    assert c.estimate.variance == pytest.approx(max(welch, floor), rel=1e-9)
+    raw = cuped.difference(cuped.CovariateSums(arm.sum(), 0, y[arm == 1].sum(), 0, 0, (y[arm == 1] ** 2).sum()),
+                           cuped.CovariateSums((1 - arm).sum(), 0, y[arm == 0].sum(), 0, 0, (y[arm == 0] ** 2).sum()))
+    assert c.variance_reduction == pytest.approx(1 - c.estimate.variance / raw.unadjusted.variance, rel=1e-9)
+    assert c.variance_reduction > 0.1
+
+
+def test_cuped_off_keeps_no_table():
+    s = an_experiment(7, 0, 2)
+    pre, during, _ = events(9, 200, 200)
+    feed(s.pipeline, s.bus, pre + during)
+    assert not any(PRE in ps.ab for ps in s.pipeline.partitions.values())
+    assert all(np.isnan(c.variance_reduction) for c in s.pipeline.experiments.look().comparisons)
+
+
+@pytest.mark.parametrize("table", [b"\x00" * 24, np.full(4096 * 9 * 2, np.nan).tobytes()])
+def test_an_unreadable_stored_table_is_left_out_and_counted(table):
+    """Another size (another ab.cuped_buckets), or values no checkpoint writes: skipped,
+    counted, and the look goes on with the other partitions' tables."""
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(10, 600, 600)
+    feed(s.pipeline, s.bus, pre)
+    s.pipeline.partitions[1].ab.pop(PRE, None)
+    s.store.ab.setdefault(1, {})[PRE] = table    # as a stored field of partition 1
+    before = s.pipeline.experiments.unreadable.counts["experiment"]
+    feed(s.pipeline, s.bus, during)
+    look = s.pipeline.experiments.look()
+    assert any(np.isfinite(c.variance_reduction) and c.variance_reduction > 0 for c in look.comparisons)
+    assert s.pipeline.experiments.unreadable.counts["experiment"] == before + 1   # read once, then cached
