@@ -200,6 +200,11 @@ class Preference(NamedTuple):
     ties: float
     estimate: Estimate        # Δ = (wins_A − wins_B) / (wins + ties); None before min_queries
     running: Running | None   # always-valid p and confidence sequence for Δ
+    withdrawn: str = ""       # why no p-value is exported (ab.unit: user), else empty
+
+
+WITHDRAWN_BY_USER = ("ab.unit: user: interleaving counts are per query, and one user's queries are correlated, "
+                     "so the per-query variance is too small: no p-value")
 
 
 def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settings: AB,
@@ -207,14 +212,17 @@ def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settin
     """`vectors`: (experiment, team A, team B) -> [wins A, wins B, ties] over every
     partition (queries with a click; a tie when both teams' clicks are equal)."""
     out, kept = [], {}
+    # The counts are per query, not per user bucket: with users assigned, one user's queries
+    # are correlated and the per-query variance too small, so no p-value is claimed.
+    withdrawn = WITHDRAWN_BY_USER if settings.unit == "user" else ""
     for (experiment, a, b), (wins_a, wins_b, ties) in sorted((k, v.tolist()) for k, v in vectors.items()):
         estimate = preference(wins_a, wins_b, ties)
         now = None
-        if wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
+        if not withdrawn and wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
             key = "\x1f".join(("interleaving", experiment, a, b))
             now = update(_decode(running.get(key)), msprt(estimate, INTERLEAVING_TAU2, settings.alpha))
             kept[key] = _encode(now)
-        out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now))
+        out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now, withdrawn))
     return out, kept
 
 
