@@ -116,7 +116,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 if tau2 is None:
                     if not (settled or settings.mixture_variance):
                         continue  # read before the clicks arrive, the variance is too small
-                    tau2 = settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
+                    tau2 = mixture_tau2(settings, t, c)
                 if not (math.isfinite(tau2) and tau2 > 0):
                     continue  # no variance yet (a rare event not seen): not fixed, not tested
                 now = update(before, msprt(estimate, tau2, settings.alpha))
@@ -167,6 +167,13 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
     views = [ArmView(r, s, a.queries, a.judged, counts.get((r, s)))
              for (r, s), a in sorted(arms.items())]
     return Look(experiment, baseline, views, comparisons, srm, notes=tuple(notes)), kept
+
+
+def mixture_tau2(settings: AB, t: MeanSums | RatioSums, c: MeanSums | RatioSums) -> float:
+    """The τ² a comparison is fixed with at its first look: `ab.mixture_variance`, else
+    `ab.mixture_scale` × the metric's per-query variance under the null (both arms as one
+    sample; nan or 0 when it has none yet: not fixed)."""
+    return settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
 
 
 def user_srm(registers: list[np.ndarray | None], split: list[float], query_share_p: float) -> float:
