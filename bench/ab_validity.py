@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/ab_validity.py [--experiments 2000] [--queries 20000] [--batch 100]
         [--power-experiments 1000] [--power-queries 60000] [--regression -0.02] [--seed 20261201]
-    .venv/bin/python bench/ab_validity.py --matrix [--metric all] [--split 0.5,0.9,0.99] [--unit query]
-        [--experiments 2000] [--seed 20261201]
+    .venv/bin/python bench/ab_validity.py --matrix [--metric all] [--split 0.5,0.9,0.99] [--unit query|user|all]
+        [--user-sigma 0.3,1.0] [--tau2-fixed] [--no-per-query] [--experiments 2000] [--seed 20261201]
 
     .venv/bin/python bench/ab_validity.py --power-matrix [--metric all] [--split 0.5] [--unit query]
         [--feedback-lag 300,1000,3000] [--fixed-total 10000] [--power-experiments 1000] [--power-queries 60000]
@@ -28,8 +28,12 @@ cell, `… aa_rate=… ci=[…, …]` (Clopper–Pearson 95%): the baseline's sh
 (0.5, 0.9, 0.99: the treatment arm small) against the measure, nDCG@10-like (`ndcg`),
 a Bernoulli event of 1% (`bernoulli`, a conversion), a micro CTR of 0.2% a result over 10
 results (`ctr`, a ratio, delta method) and a heavy-tailed rank defined on 60% of the
-queries (`fcr`, FirstClickRank-like: P(r) ∝ r^-1.3 on 1..100). Per-query assignment only
-(`--unit user` is not built yet).
+queries (`fcr`, FirstClickRank-like: P(r) ∝ r^-1.3 on 1..100); `--unit user` (or `all`)
+the same under sticky per-user assignment (10,000 users a population, `--user-sigma` the σ
+of their click propensity), with the SRM and interleaving cells too. τ² per cell is the
+product's rule: the service's own `rankmeter.ab.experiment.mixture_tau2` at each
+comparison's first look with a variance, then kept (`--tau2-fixed`: 1e-4 for every
+measure, the old rule, nearly blind for `fcr`).
 
 Pure simulation (no services): per-query values resembling nDCG@10 (35% zeros, 10% ones,
 the rest Beta(2, 2); mean 0.375, sd 0.352), each query assigned to an arm at random,
@@ -80,6 +84,7 @@ from rankmeter.ab import (
 )
 from rankmeter.ab.clusters import BUCKETS, bucket_difference, bucket_preference, srm_query_share_p_value
 from rankmeter.ab.experiment import look as experiment_look
+from rankmeter.ab.experiment import mixture_tau2
 from rankmeter.config import AB
 
 ALPHA = 0.05
@@ -243,25 +248,34 @@ def cell_sums(metric: str, rng: np.random.Generator, chunk: int, looks: int, bat
 
 
 def aa_cell(metric: str, split: float, experiments: int, queries: int, batch: int,
-            rng: np.random.Generator) -> int:
+            rng: np.random.Generator, tau2: float | None = None) -> int:
     """How many of `experiments` A/A experiments are ever 'significant' (the running
-    always-valid p below α at some look), each looked at after every `batch` queries."""
+    always-valid p below α at some look), each looked at after every `batch` queries.
+    `tau2` None: the product's rule, `mixture_tau2` (the service's function) at the
+    comparison's first look with a variance, then kept; else that τ² for every look."""
     looks = queries // batch
     hits = done = 0
+    settings = AB()
     while done < experiments:
         chunk = min(50, experiments - done)
         t, b = cell_sums(metric, rng, chunk, looks, batch, 1.0 - split)
         for e in range(chunk):
-            running = Running()
+            running, fixed = Running(), tau2
             for j in range(looks):
                 if min(t[0][e, j], b[0][e, j]) < DEFAULT_MIN_QUERIES:
                     continue
                 arms = [RatioSums(*(c[e, j] for c in arm)) for arm in (t, b)]
-                if metric == "ctr":
-                    est = ratio_difference(*arms)
-                else:
-                    est = mean_difference(*(MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms))
-                running = update(running, msprt(est, DEFAULT_TAU2, ALPHA))
+                if metric != "ctr":
+                    arms = [MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms]
+                est = ratio_difference(*arms) if metric == "ctr" else mean_difference(*arms)
+                if not (math.isfinite(est.variance) and est.variance > 0):
+                    continue
+                if fixed is None:
+                    fixed = mixture_tau2(settings, *arms)
+                    if not (math.isfinite(fixed) and fixed > 0):
+                        fixed = None   # no variance yet: not fixed, not tested (experiment.look)
+                        continue
+                running = update(running, msprt(est, fixed, ALPHA))
             hits += running.p_value < ALPHA
         done += chunk
     return hits
@@ -408,30 +422,15 @@ def _per_query_estimates(metric: str, per_query, rng: np.random.Generator) -> Es
     return est
 
 
-NDCG_VARIANCE = SECOND - MEAN ** 2
-
-
-def scaled_tau2(metric: str, sigma: float) -> float:
-    """τ² scaled to the measure's per-query variance, DEFAULT_TAU2·σ²/σ²_nDCG (the same
-    effect in sd units as nDCG's default), the variance from a pilot of 400,000 queries
-    of users of propensity σ, fixed before the experiments (never from their data). A
-    micro measure: the per-query variance of y − R·z over z̄², the delta method's."""
-    rng = np.random.default_rng([7, USER_METRICS.index(metric), round(sigma * 100)])
-    prop = rng.lognormal(-sigma ** 2 / 2, sigma, 400_000)
-    y, z = user_values(metric, rng, prop)
-    y = y[~np.isnan(y)]
-    if z is None:
-        return DEFAULT_TAU2 * float(np.var(y)) / NDCG_VARIANCE
-    r = y.sum() / z.sum()
-    return DEFAULT_TAU2 * float(np.var(y - r * z) / z.mean() ** 2) / NDCG_VARIANCE
 
 
 def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, queries: int, batch: int,
-                 rng: np.random.Generator, per_query: bool = True, tau2: float = DEFAULT_TAU2) -> dict[str, int]:
+                 rng: np.random.Generator, per_query: bool = True, tau2: float | None = None) -> dict[str, int]:
     """A/A experiments under per-user assignment: how many are ever 'significant' with the
     bucket statistics (`bucket`) and, on the same experiments, the per-query ones
     (`query`, wrong under this assignment). `srm`: the share of the correct split ever
-    flagged, by the query-share test (`bucket`) and the per-query multinomial (`query`)."""
+    flagged, by the query-share test (`bucket`) and the per-query multinomial (`query`).
+    `tau2` None: the product's rule (`_product_hits`); else that τ² for every look."""
     looks = queries // batch
     hits = {"bucket": 0, "query": 0}
     done = 0
@@ -444,11 +443,34 @@ def user_aa_cell(metric: str, split: float, sigma: float, experiments: int, quer
         else:
             ready = np.minimum(pq[0][..., 0], pq[0][..., 1]) >= DEFAULT_MIN_QUERIES
             est = bucket_difference(y[..., 0, :], n[..., 0, :], y[..., 1, :], n[..., 1, :])
-            hits["bucket"] += _sequential(est, ready, tau2, rng)
+            estimates = {"bucket": est}
             if per_query:
-                hits["query"] += _sequential(_per_query_estimates(metric, pq, rng), ready, tau2, rng)
+                estimates["query"] = _per_query_estimates(metric, pq, rng)
+            for stat, e in estimates.items():
+                hits[stat] += (_sequential(e, ready, tau2, rng) if tau2 is not None else
+                               _product_hits(metric, e, pq, ready, rng))
         done += chunk
     return hits
+
+
+def _product_hits(metric: str, est: Estimate, per_query, ready: np.ndarray, rng: np.random.Generator) -> int:
+    """How many experiments (rows) are ever 'significant' under the product's τ² rule: τ²
+    from the service's `mixture_tau2` at the row's first look with a variance (and a
+    per-query variance to scale), kept from there on, as experiment.look fixes it."""
+    var = np.asarray(est.variance, dtype=float)
+    uv = _unit_variances(metric, per_query, rng)   # (vectorised, checked against unit_variance)
+    can = ready & np.isfinite(var) & (var > 0) & np.isfinite(uv) & (uv > 0)
+    j = np.where(can.any(1), can.argmax(1), -1)
+    tau2 = np.full(len(j), np.nan)
+    settings = AB()
+    for row in np.flatnonzero(j >= 0):
+        arms = [RatioSums(*(float(c[row, j[row], a]) for c in per_query)) for a in (0, 1)]
+        if metric != "ctr":
+            arms = [MeanSums(a.n, a.sum_y, a.sum_y2) for a in arms]
+        tau2[row] = mixture_tau2(settings, *arms)
+    tested = ready & (np.arange(ready.shape[1])[None, :] >= np.where(j >= 0, j, ready.shape[1])[:, None])
+    first, _ = _detections(est, tested, tau2, rng, 1.0)
+    return int((first >= 0).sum())
 
 
 def _srm_hits(all_q: np.ndarray, split: float, clustered: bool) -> int:
@@ -541,6 +563,10 @@ def _line(fields: str, k: int, n: int) -> str:
     return f"{fields} experiments={n} aa_rate={k / n:.4f} ci=[{ci.low:.4f}, {ci.high:.4f}]"
 
 
+def _tau2_text(tau2: float | None) -> str:
+    return "product" if tau2 is None else f"{tau2:.3g}"
+
+
 def matrix(args) -> None:
     units = ("query", "user") if args.unit == "all" else (args.unit,)
     metrics = (USER_METRICS if args.metric == "all"
@@ -565,8 +591,10 @@ def matrix(args) -> None:
                                     hits["query"], args.experiments), flush=True)
                         continue
                     rng = np.random.default_rng([args.seed, METRICS.index(metric), round(split * 1000)])
-                    k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng)
-                    print(_line(f"unit=query split={share} metric={metric}", k, args.experiments), flush=True)
+                    tau2 = DEFAULT_TAU2 if args.tau2_fixed else None
+                    k = aa_cell(metric, split, args.experiments, args.queries, args.batch, rng, tau2)
+                    print(_line(f"unit=query split={share} metric={metric} tau2={_tau2_text(tau2)}", k,
+                                args.experiments), flush=True)
                     continue
                 for sigma in sigmas:
                     seed = [args.seed, 100 + USER_METRICS.index(metric),
@@ -575,9 +603,8 @@ def matrix(args) -> None:
                     t0 = time.monotonic()
                     if metric == "interleaving":
                         hits = interleaving_aa_cell(sigma, args.experiments, args.queries, args.batch, rng)
-                    tau2 = DEFAULT_TAU2
+                    tau2 = DEFAULT_TAU2 if args.tau2_fixed else None   # None: the product's rule
                     if metric in METRICS:
-                        tau2 = scaled_tau2(metric, sigma) if args.tau2_scaled else DEFAULT_TAU2
                         hits = user_aa_cell(metric, split, sigma, args.experiments, args.queries, args.batch,
                                             rng, per_query=not args.no_per_query, tau2=tau2)
                     elif metric == "srm":
@@ -586,7 +613,7 @@ def matrix(args) -> None:
                     for stat in ("bucket", "query"):
                         if stat == "query" and args.no_per_query and metric != "interleaving":
                             continue
-                        extra = f" tau2={tau2:.3g}" if metric in METRICS else ""
+                        extra = f" tau2={_tau2_text(tau2)}" if metric in METRICS else ""
                         print(_line(f"unit=user user_sigma={sigma:g} split={share} metric={metric} stat={stat}"
                                     + extra, hits[stat], args.experiments), flush=True)
                     print(f"  ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -1026,8 +1053,9 @@ def main() -> None:
                     help="of the matrix, --unit user: the σ of the users' click propensity (lognormal, mean 1)")
     ap.add_argument("--bucket-loss", action="store_true",
                     help="the variance from user buckets against per-user sums (--user-sigma, --experiments)")
-    ap.add_argument("--tau2-scaled", action="store_true",
-                    help="of the matrix, --unit user: τ² scaled to each measure's variance (scaled_tau2)")
+    ap.add_argument("--tau2-fixed", action="store_true",
+                    help="of the matrix: one τ² = 1e-4 for every measure (the old rule) instead of the product's "
+                         "(mixture_tau2 at each comparison's first look, kept)")
     ap.add_argument("--no-per-query", action="store_true",
                     help="of the matrix, --unit user: skip the per-query statistics' lines (the slow part)")
     ap.add_argument("--power-matrix", action="store_true",

@@ -66,3 +66,22 @@ def test_aa_stays_valid_with_tau2_fixed_after_twice_the_window():
         lo, hi = _clopper_pearson(hits, 400)
         print(f"A/A bernoulli {split:g} lag 1000 after 2L: {hits}/400 (CP {lo:.3f}-{hi:.3f})")
         assert hi <= 0.06, (split, hits)
+
+
+def test_the_matrix_cells_fix_tau2_with_the_services_own_function(monkeypatch):
+    """The --matrix cells take τ² from `rankmeter.ab.experiment.mixture_tau2` (the
+    product's rule), once per experiment at its first look with a variance, never a
+    fixed 1e-4 (review of issue 20, F3)."""
+    from rankmeter.ab import experiment
+    calls = []
+
+    def recorded(settings, t, c):
+        calls.append((t, c))
+        return experiment.mixture_tau2(settings, t, c)
+
+    monkeypatch.setattr(ab_validity, "mixture_tau2", recorded)
+    ab_validity.aa_cell("fcr", 0.5, 3, 2_000, 200, np.random.default_rng(SEED))
+    assert len(calls) == 3 and all(min(t.n, c.n) >= 100 for t, c in calls)
+    calls.clear()
+    ab_validity.user_aa_cell("fcr", 0.5, 1.0, 3, 2_000, 200, np.random.default_rng(SEED), per_query=False)
+    assert len(calls) == 3 and all(min(t.n, c.n) >= 100 for t, c in calls)

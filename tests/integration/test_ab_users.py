@@ -8,7 +8,6 @@ over both arms' buckets, the mSPRT from its formula."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 import uuid
@@ -18,17 +17,15 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
+from rankmeter.ab.clusters import BUCKETS, bucket_of
 from serving import Serve, produce, unique_topics, wait_until
 from test_ab import ALPHA, MEASURES, SCALE, ab_series, comparison_values, msprt, per_query, ratio_and_variance
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 BASE, NEW = "base", "new"
-BUCKETS = 128  # ab/clusters.py's, computed here from its definition (BLAKE2b, 8 bytes, big-endian)
-
-
-def bucket(client_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(client_id.encode(), digest_size=8).digest(), "big") % BUCKETS
+# The product's own assignment of a user to a bucket (not a copy that could drift from it).
+bucket = bucket_of
 
 
 def user_stream(seed: int, users: int, since: int):

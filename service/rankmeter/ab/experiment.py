@@ -127,7 +127,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 if tau2 is None:
                     if not (settled or settings.mixture_variance):
                         continue  # read before the clicks arrive, the variance is too small
-                    tau2 = settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
+                    tau2 = mixture_tau2(settings, t, c)
                 if not (math.isfinite(tau2) and tau2 > 0):
                     continue  # no variance yet (a rare event not seen): not fixed, not tested
                 now = update(before, msprt(estimate, tau2, settings.alpha))
@@ -196,6 +196,13 @@ def cuped_sums(covariates: Mapping[tuple[str, str], np.ndarray] | None, vectors:
     return tuple(out)
 
 
+def mixture_tau2(settings: AB, t: MeanSums | RatioSums, c: MeanSums | RatioSums) -> float:
+    """The τ² a comparison is fixed with at its first look: `ab.mixture_variance`, else
+    `ab.mixture_scale` × the metric's per-query variance under the null (both arms as one
+    sample; nan or 0 when it has none yet: not fixed)."""
+    return settings.mixture_variance or settings.mixture_scale * unit_variance(t, c)
+
+
 def user_srm(registers: list[np.ndarray | None], split: list[float], query_share_p: float) -> float:
     """The sample-ratio p-value with `ab.unit: user`: the arms' distinct users
     (ab/users.py: exact multinomial test, widened by the HyperLogLog bound) and their query
@@ -227,6 +234,11 @@ class Preference(NamedTuple):
     ties: float
     estimate: Estimate        # Δ = (wins_A − wins_B) / (wins + ties); None before min_queries
     running: Running | None   # always-valid p and confidence sequence for Δ
+    withdrawn: str = ""       # why no p-value is exported (ab.unit: user), else empty
+
+
+WITHDRAWN_BY_USER = ("ab.unit: user: interleaving counts are per query, and one user's queries are correlated, "
+                     "so the per-query variance is too small: no p-value")
 
 
 def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settings: AB,
@@ -234,14 +246,17 @@ def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settin
     """`vectors`: (experiment, team A, team B) -> [wins A, wins B, ties] over every
     partition (queries with a click; a tie when both teams' clicks are equal)."""
     out, kept = [], {}
+    # The counts are per query, not per user bucket: with users assigned, one user's queries
+    # are correlated and the per-query variance too small, so no p-value is claimed.
+    withdrawn = WITHDRAWN_BY_USER if settings.unit == "user" else ""
     for (experiment, a, b), (wins_a, wins_b, ties) in sorted((k, v.tolist()) for k, v in vectors.items()):
         estimate = preference(wins_a, wins_b, ties)
         now = None
-        if wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
+        if not withdrawn and wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
             key = "\x1f".join(("interleaving", experiment, a, b))
             now = update(_decode(running.get(key)), msprt(estimate, INTERLEAVING_TAU2, settings.alpha))
             kept[key] = _encode(now)
-        out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now))
+        out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now, withdrawn))
     return out, kept
 
 

@@ -134,7 +134,10 @@ class Experiments:
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from its phase's start on.
         self.phase = Phase(settings, store, layout, unreadable)
-        self.interleaving_start = time_ms(settings.ab.interleaving_start) if settings.ab.interleaving_start else None
+        # Without its own start, the A/B experiment's (ab.start): interleaving counts are keyed
+        # by a start, so a name reused under a new ab.start is a new experiment, not merged.
+        start = settings.ab.interleaving_start or settings.ab.start
+        self.interleaving_start = time_ms(start) if start else None
         self._notes: tuple[str, ...] = ()
         self.by_user = settings.ab.unit == "user"
         self.units_missing = 0  # impressions of an experiment by user without a client_id: left out
