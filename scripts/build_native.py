@@ -10,6 +10,7 @@ results, slower (docs/eval.md). --check: exit 1 when the module cannot be built.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,18 +21,26 @@ SOURCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)
 
 def main() -> int:
     target = os.path.join(os.path.dirname(SOURCE), "_treader" + sysconfig.get_config_var("EXT_SUFFIX"))
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    # CC may be a command with arguments ("ccache gcc"), as make and setuptools allow.
+    compiler = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("gcc") or shutil.which("cc"),) if c]
     include = sysconfig.get_paths()["include"]
     problem = None
-    if compiler is None:
-        problem = "no C compiler (gcc or cc)"
+    # A failed rebuild must not leave an old module behind while saying the Python reader is used.
+    if os.path.exists(target):
+        os.remove(target)
+    if not compiler or shutil.which(compiler[0]) is None:
+        problem = f"no C compiler ({' '.join(compiler) if compiler else 'gcc or cc'})"
     elif not os.path.exists(os.path.join(include, "Python.h")):
         problem = f"no Python.h in {include}"
     else:
-        cmd = [compiler, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, SOURCE, "-o", target]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            problem = f"{' '.join(cmd)} failed: {done.stderr.strip()}"
+        cmd = [*compiler, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, SOURCE, "-o", target]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as error:
+            problem = f"{' '.join(cmd)} failed: {error}"
+        else:
+            if done.returncode:
+                problem = f"{' '.join(cmd)} failed: {done.stderr.strip()}"
     if problem:
         print(f"build_native: rankmeter._treader not built ({problem}); the pure-Python reader is used",
               file=sys.stderr)
