@@ -102,9 +102,7 @@ class Experiments:
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from its phase's start on.
         self.phase = Phase(settings, store, layout, unreadable)
-        # Without its own start, the A/B experiment's (ab.start): interleaving counts are keyed
-        # by a start, so a name reused under a new ab.start is a new experiment, not merged.
-        start = settings.ab.interleaving_start or settings.ab.start
+        start = settings.ab.interleaving_start or settings.ab.start  # (a reused name, a new ab.start: new)
         self.interleaving_start = time_ms(start) if start else None
         self._notes: tuple[str, ...] = ()
         self.by_user = settings.ab.unit == "user"
