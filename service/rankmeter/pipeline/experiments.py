@@ -85,7 +85,8 @@ def waiting_note(tested_from_ms: int) -> str:
 
 def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> str:
     """The field of an interleaving experiment's counts; with `ab.interleaving_start`
-    its start is part of it: a name reused with another start is another experiment."""
+    its start is part of it: a name reused with another start is another experiment.
+    Without one the start is ab.start's (Experiments), so a new ab.start is a new one too."""
     since = "" if start is None else f"\x1f{start}"
     return f"{INTERLEAVING}{experiment}\x1f{a}\x1f{b}{since}"
 
@@ -134,10 +135,7 @@ class Experiments:
         self.baseline = settings.ab.baseline
         # The experiment: every other ranker against the baseline, from its phase's start on.
         self.phase = Phase(settings, store, layout, unreadable)
-        # Without its own start, the A/B experiment's (ab.start): interleaving counts are keyed
-        # by a start, so a name reused under a new ab.start is a new experiment, not merged.
-        start = settings.ab.interleaving_start or settings.ab.start
-        self.interleaving_start = time_ms(start) if start else None
+        self.interleaving_start = time_ms(s) if (s := settings.ab.interleaving_start or settings.ab.start) else None
         self._notes: tuple[str, ...] = ()
         self.by_user = settings.ab.unit == "user"
         self.units_missing = 0  # impressions of an experiment by user without a client_id: left out
