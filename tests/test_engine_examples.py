@@ -150,3 +150,16 @@ def test_precision_at_ranks_is_shared_within_a_batch_only():
         assert [float(got[n][0]) for n in names] == pytest.approx(want, abs=1e-15)
         shared = stack(states)
         assert parse("AP").values(parse("AP").compute(shared)) == pytest.approx(want[0], abs=1e-15)
+
+
+def test_a_rel_changed_in_place_is_not_matched_with_a_stale_result():
+    # review 8: a Batch built by hand (a writeable rel) changed in place between two measures
+    # must not reuse the first one's cumulative sums (a stack's rel is read-only).
+    built = stack([QueryState.from_grades(["a", "b", "c"], {"a": 1})])
+    assert not built.rel.flags.writeable
+    b = built._replace(rel=built.rel.copy())
+    ap = parse("AP")
+    assert ap.values(ap.compute(b)) == pytest.approx(1.0, abs=1e-15)
+    b.rel[0, 1] = True
+    b = b._replace(num_rel=b.num_rel + 1)
+    assert ap.values(ap.compute(b)) == pytest.approx(1.0, abs=1e-15)  # (1 + 2/2) / 2

@@ -85,3 +85,13 @@ def test_relstring_characters():
                          [{"a": -1, "b": 0, "c": 3, "d": 12, "f": 9}, {}])
     assert report._relstrings(batch, 10) == [".03>-9", "-"]
     assert report._relstrings(batch, 2) == [".0", "-"]
+
+
+@needs_c
+def test_counts_print_whole_up_to_2_63_and_refuse_beyond():
+    # review 8: (long)x is undefined for |x| >= 2^63; the range check must stop there, not at 9.3e18
+    for x in (2.0 ** 62, -(2.0 ** 62), math.nextafter(2.0 ** 63, 0)):
+        assert _treader.lines(["q"], [("p\t", "d", [x])]) == f"p\tq\t{int(x)}\n"
+    for x in (2.0 ** 63, -(2.0 ** 63) * 1.5, 9.25e18, math.inf, math.nan):
+        with pytest.raises(ValueError, match="a count out of range"):
+            _treader.lines(["q"], [("p\t", "d", [x])])

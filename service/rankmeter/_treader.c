@@ -189,7 +189,7 @@ static Py_ssize_t value_text(char kind, PyObject *value, char *text, const char 
     double x = PyFloat_AsDouble(value);
     if (x == -1.0 && PyErr_Occurred()) return -1;
     if (kind == 'd') {
-        if (!isfinite(x) || x >= 9.3e18 || x <= -9.3e18) {
+        if (!(x > -9223372036854775808.0 && x < 9223372036854775808.0)) {  /* (long)x defined: |x| < 2^63 */
             PyErr_SetString(PyExc_ValueError, "a count out of range");
             return -1;
         }

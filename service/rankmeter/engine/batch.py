@@ -69,6 +69,7 @@ def stack(states: Sequence[QueryState]) -> Batch:
     num_nonrel = np.fromiter((s.num_nonrel for s in states), dtype=np.int64, count=q)
     level = np.fromiter((s.relevance_level for s in states), dtype=float, count=q)
     rel = judged & (grades >= level[:, None])
+    rel.flags.writeable = False  # measures may share work on it (measures._precision_at_ranks)
     return Batch(grades, judged, rel, length, ideal, num_rel, num_nonrel)
 
 
@@ -116,6 +117,7 @@ def stack_scored(scores: Sequence[Mapping[str, float]], grades: Sequence[Mapping
     ideal_row, ideal_grade = known_row[positive], known[positive]
     ideal[np.arange(ideal_width) < ideal_length[:, None]] = ideal_grade[np.lexsort((-ideal_grade, ideal_row))]
     rel = judged & (graded >= relevance_level)
+    rel.flags.writeable = False  # measures may share work on it (measures._precision_at_ranks)
     num_pooled = np.bincount(known_row[known < 0], minlength=q)
     return Batch(graded, judged, rel, length, ideal, num_rel, known_length - num_rel - num_pooled)
 

@@ -93,10 +93,10 @@ _AT_RANKS: list[tuple[np.ndarray, ...]] = []  # the last batch's (rel, cum, prec
 
 
 def _precision_at_ranks(b: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """Relevant documents at or above each rank, and precision at each rank; the last batch's
-    kept read-only with its `rel` (so `is` matches no newer array): AP@k and IPrec@r share it."""
+    """Relevant documents at or above each rank, and precision at each rank. AP@k and IPrec@r
+    share the last batch's, kept with its `rel` if read-only (stack's: not changed in place)."""
     last = _AT_RANKS[-1] if _AT_RANKS else (None,)
-    if last[0] is not b.rel:
+    if last[0] is not b.rel or b.rel.flags.writeable:
         cum = np.cumsum(b.rel, axis=1)
         last = (b.rel, cum, cum / _ranks(b.width))
         cum.flags.writeable = last[2].flags.writeable = False
