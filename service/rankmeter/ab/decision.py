@@ -22,15 +22,19 @@ empty sequence otherwise (`invalid`: the effect moved, or the model does not hol
 claim for its metric, so `ship` is withdrawn to `keep_running` when a primary's ship-level
 or a guardrail's hold-level sequence empties, and turns into `do_not_ship` once a declared
 metric's stop-level upper end crosses to the bad side: new evidence, never a false ship.
+A metric not compared this look (too few queries after a rewind, no variance) still reads
+its stored stop-level record: worse (failed) there stays worse, not `waiting`. The final
+`do_not_ship` itself is stored apart and read first (pipeline/final.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from rankmeter.ab import declared as decl
 from rankmeter.ab.declared import Decision, Declared, Reason
-from rankmeter.ab.experiment import Comparison, Look
+from rankmeter.ab.experiment import Comparison, Look, _decode
 from rankmeter.ab.stats import Running
 from rankmeter.config import AB
 
@@ -42,9 +46,25 @@ def _oriented(r: Running, d: Declared) -> tuple[float, float]:
     return lo + shift, hi + shift
 
 
-def reason(d: Declared, c: Comparison | None, at: decl.Levels) -> Reason:
-    """What one declared metric says, and why."""
+def stored_stop(d: Declared, ranker: str, segment: str, running: Mapping[str, str], at: decl.Levels) -> Running:
+    """The stored stop-level record of a metric (ab/experiment.py's field; with ab.cuped
+    the adjusted one too: the tighter upper end), Running() when none is readable."""
+    s = decl.scale(d) if d.role == "guardrail" else 1.0
+    key = "\x1f".join((d.metric, ranker, segment, d.average))
+    found = [_decode(running.get(f"{k}\x1fstop\x1f{at.stop!r}\x1f{s!r}"))
+             for k in (key, f"{key}\x1fcuped")]
+    return min(found, key=lambda r: _oriented(r, d)[1])
+
+
+def reason(d: Declared, c: Comparison | None, at: decl.Levels, stored: Running = Running()) -> Reason:
+    """What one declared metric says, and why; `stored`: its stop-level record as stored,
+    read when the comparison is skipped this look."""
     if c is None or not c.tests:
+        s_lo, s_hi = _oriented(stored, d)
+        if s_hi < 0:  # worse (failed) at an earlier look: final, whatever this look computed
+            return Reason(d, "worse" if d.role == "primary" else "failed", s_lo, s_hi, at.stop,
+                          f"its stored sequence at {at.stop:.4g} lies wholly below "
+                          f"{'0' if d.role == 'primary' else '-margin'} (not compared this look)")
         return Reason(d, "waiting", math.nan, math.nan, math.nan, "no statistics yet (ab.min_queries, ab.mixture_after)")
     good = "ship" if d.role == "primary" else "hold"
     lo, hi = _oriented(c.tests[good], d)
@@ -69,8 +89,9 @@ def reason(d: Declared, c: Comparison | None, at: decl.Levels) -> Reason:
     return Reason(d, "inconclusive", lo, hi, level, f"its sequence at {level:.4g} contains {against}")
 
 
-def decide(look: Look, settings: AB) -> tuple[Decision, ...]:
-    """One decision per treatment and segment with a baseline arm in that segment."""
+def decide(look: Look, settings: AB, running: Mapping[str, str] | None = None) -> tuple[Decision, ...]:
+    """One decision per treatment and segment with a baseline arm in that segment;
+    `running`: the stored running records (a skipped comparison's stop level)."""
     declared = decl.parse(settings.primary, settings.guardrails)
     at = decl.levels(declared, settings.alpha)
     by_key = {(c.metric, c.ranker, c.segment, c.average): c for c in look.comparisons}
@@ -79,7 +100,8 @@ def decide(look: Look, settings: AB) -> tuple[Decision, ...]:
     for arm in look.arms:
         if arm.ranker == look.baseline or arm.segment not in segments_with_baseline:
             continue
-        reasons = tuple(reason(d, by_key.get((d.metric, arm.ranker, arm.segment, d.average)), at) for d in declared)
+        reasons = tuple(reason(d, by_key.get((d.metric, arm.ranker, arm.segment, d.average)), at,
+                               stored_stop(d, arm.ranker, arm.segment, running or {}, at)) for d in declared)
         outcomes = {r.outcome for r in reasons}
         primaries = [r.outcome for r in reasons if r.declared.role == "primary"]
         if not declared:

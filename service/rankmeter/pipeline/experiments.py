@@ -20,6 +20,7 @@ from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
+from rankmeter.pipeline import final
 from rankmeter.pipeline.covariates import PRE, SUFFIX, Covariates, arm_covariates
 from rankmeter.pipeline.labels import Labels
 from rankmeter.pipeline.phases import Phase
@@ -295,17 +296,21 @@ class Experiments:
                                arm_users(self.store, stored, experiment, self.unreadable) if self.by_user else None,
                                covariates)
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
-        notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ())
+        now_ms = int(self.clock() * 1000)
+        decisions, reached, final_notes = final.applied(self.store, self.unreadable, experiment, self._saved,
+                                                        decide(result, a, {**running, **kept}), now_ms)
+        notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ()) + final_notes
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
-                                 unit=phase.phase.unit, decisions=decide(result, a))
+                                 unit=phase.phase.unit, decisions=decisions)
         if notes != self._notes:
             for note in notes:
                 log.warning(note, extra={"experiment": experiment})
             self._notes = notes
-        now_ms = int(self.clock() * 1000)
         # Partition 0's holder keeps the running statistics, fenced by its claim: a stale
         # holder's look (read before a newer one's) must not move them back.
         owner = self.held[0].epoch if 0 in self.held else None
+        if save and owner is not None and reached:  # (fenced the same way: a stale holder writes nothing)
+            self._save_running(final.key(experiment), {**self._saved.get(final.key(experiment), {}), **reached}, owner)
         if save and owner is not None and self._save_running(state, {**running, **kept}, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)

@@ -1,0 +1,140 @@
+"""do_not_ship is final within an experiment (review 7, F1.1): stored apart from the running
+records (pipeline/final.py), so losing them (a restart, an unreadable record, a store put
+back, another ab.mixture_scale: another state key) never turns it back into ship.
+
+The statistics are ab/experiment.py's `look` replaced by one that behaves like it: its
+stop-level record keeps a running upper end once below 0 (worse, as a running intersection
+does), and without that record the same sums read better (the review's repro: the
+treatment worse for its first queries, better after, ship once the record is lost)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankmeter import config
+from rankmeter.ab import declared
+from rankmeter.ab.decision import decide
+from rankmeter.ab.declared import Decision
+from rankmeter.ab.experiment import ArmView, Comparison, Look
+from rankmeter.ab.stats import Estimate, Running
+from rankmeter.config import AB
+from rankmeter.pipeline import experiments as pipeline_experiments
+from rankmeter.pipeline import final
+from rankmeter.source import Bus
+from test_ab_pipeline import ENV, START_MS, an_experiment, feed, started
+
+STOP = "P@10\x1fnew\x1f\x1fmacro\x1fstop"
+PRIMARY = {"RANKMETER_AB_PRIMARY": "P@10 increase"}
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """A pipeline with an experiment on P@10 whose first look finds the treatment worse."""
+    state = {"worse": True}
+
+    def look(experiment, baseline, vectors, names, settings, running, settled, *rest):
+        record = running.get(STOP)
+        worse = state["worse"] or (record is not None and float(record.split()[2]) < 0)
+        stop = Running(1e-3, -0.05, -0.01) if worse else Running(1e-3, 0.01, 0.05)
+        comparison = Comparison("P@10", "new", "", "macro", Estimate(0.02, 0.0, 1e-4), stop, 1e-4,
+                                {"ship": stop, "stop": stop})
+        arms = [ArmView("base", "", 1000, 500), ArmView("new", "", 1000, 500)]
+        return Look(experiment, baseline, arms, [comparison], {"": 0.5}), {STOP: f"{stop.p_value!r} {stop.ci_lower!r} "
+                                                                             f"{stop.ci_upper!r}"}
+
+    monkeypatch.setattr(pipeline_experiments, "ab_look", look)
+    settings, events, _, store, bus, pipeline = an_experiment(5, 200, partitions=3, **PRIMARY)
+    feed(pipeline, bus, events)
+    [d] = pipeline.ab_look().decisions
+    assert d.decision == "do_not_ship"
+    state["worse"] = False
+    return store, pipeline
+
+
+def _restarted(store, **env):
+    """A new process on the same store (nothing saved in memory)."""
+    settings = config.load(None, {**ENV, "RANKMETER_AB_START": str(START_MS), **PRIMARY, **env})
+    return started(settings, store, Bus(partitions=3))
+
+
+def _decision(pipeline):
+    [d] = pipeline.ab_look().decisions
+    return d.decision
+
+
+def test_running_records_wiped_after_a_restart_still_do_not_ship(world):
+    store, pipeline = world
+    key = final.key(pipeline.experiments.name)
+    assert final.since_ms(store.running[key]["new\x1f"]) is not None
+    for k in [k for k in store.running if k != key]:
+        store.running[k] = {}
+    again = _restarted(store)
+    look = again.ab_look()
+    assert [d.decision for d in look.decisions] == ["do_not_ship"]
+    assert any("do_not_ship since" in note for note in look.notes)
+    assert _decision(again) == "do_not_ship"
+
+
+def test_running_records_garbage_after_a_restart_still_do_not_ship(world):
+    store, pipeline = world
+    key = final.key(pipeline.experiments.name)
+    for k in [k for k in store.running if k != key]:
+        store.running[k] = {f: "garbage" for f in store.running[k]}
+    again = _restarted(store)
+    assert _decision(again) == "do_not_ship"
+    assert again.unreadable.counts["experiment"] >= 1
+
+
+def test_a_changed_mixture_scale_still_do_not_ship(world):
+    store, pipeline = world
+    again = _restarted(store, RANKMETER_AB_MIXTURE_SCALE="0.01")
+    assert again.experiments.name == pipeline.experiments.name  # the same experiment, another state key
+    assert _decision(again) == "do_not_ship"
+
+
+def test_an_unreadable_final_value_keeps_running_with_a_note_never_ships(world):
+    store, pipeline = world
+    key = final.key(pipeline.experiments.name)
+    for k in [k for k in store.running if k != key]:
+        store.running[k] = {}
+    for text in ("garbage", "do_not_ship ²", "do_not_ship " + "1" * 40, "ship 1"):
+        store.running[key]["new\x1f"] = text
+        again = _restarted(store)
+        look = again.ab_look()
+        assert [d.decision for d in look.decisions] == ["keep_running"], text
+        assert any("stored final decision is unreadable" in note for note in look.notes)
+        assert again.unreadable.counts["experiment"] == 1
+        assert store.running[key]["new\x1f"] == text  # never overwritten: an operator removes it
+
+
+def test_a_metric_not_compared_this_look_reads_its_stored_stop_record():
+    """A rewind below ab.min_queries (or a metric with too few clicked queries) skips the
+    comparison: a guardrail failed before still fails (not `waiting`), so no ship while a
+    primary is better; and a primary's stored worse stop record is worse."""
+    settings = AB(baseline="base", primary=["P@10 increase"], guardrails=["CTR 0.01"])
+    at = declared.levels(declared.parse(settings.primary, settings.guardrails), settings.alpha)
+    better = Running(1e-3, 0.01, 0.05)
+    p10 = Comparison("P@10", "new", "", "macro", Estimate(0.02, 0.0, 1e-4), better, 1e-4,
+                     {"ship": better, "stop": better})
+    look = Look("e", "base", [ArmView("base", "", 1000, 500), ArmView("new", "", 1000, 500)], [p10], {"": 0.5})
+    failed = {f"CTR\x1fnew\x1f\x1fmacro\x1fstop\x1f{at.stop!r}\x1f{1.0!r}": "0.001 -0.05 -0.02 0.0001"}
+    [d] = decide(look, settings, failed)
+    assert d.decision == "do_not_ship"
+    assert [(r.declared.metric, r.outcome) for r in d.reasons] == [("P@10", "better"), ("CTR", "failed")]
+    assert (d.reasons[1].lower, d.reasons[1].upper) == pytest.approx((-0.04, -0.01))  # + the margin 0.01
+    [d] = decide(look, settings, {})  # without it CTR waits: keep_running
+    assert d.decision == "keep_running" and d.reasons[1].outcome == "waiting"
+    worse = {f"P@10\x1fnew\x1f\x1fmacro\x1fstop\x1f{at.stop!r}\x1f{1.0!r}": "0.001 -0.05 -0.02"}
+    [d] = decide(look._replace(comparisons=[]), settings, worse)
+    assert d.decision == "do_not_ship" and d.reasons[0].outcome == "worse"
+
+
+def test_invalid_srm_still_replaces_a_stored_do_not_ship_and_it_is_written_once():
+    stored = {"new\x1f": "do_not_ship 1000"}
+    srm = Decision("new", "", "invalid_srm", ())
+    assert final.apply([srm], stored, 5000) == ((srm,), {}, (), [])
+    ship = Decision("new", "", "ship", ())
+    [d], new, notes, bad = final.apply([ship], stored, 5000)
+    assert (d.decision, new, bad) == ("do_not_ship", {}, []) and "since 1970-01-01T00:00:01Z" in notes[0]
+    reached = Decision("new", "b", "do_not_ship", ())
+    assert final.apply([reached], stored, 5000)[1] == {"new\x1fb": "do_not_ship 5000"}
