@@ -177,3 +177,21 @@ def test_stack_scored_takes_the_c_pass():
     assert _treader.cells([{"a": 1.5, "b": 2}], [{"b": 3}], {"a": 0, "b": 1}, score, doc, grade) is True
     assert score.tolist() == [1.5, 2.0] and doc.tolist() == [0, 1] and grade[1] == 3.0 and np.isnan(grade[0])
     assert _treader.cells([MappingProxyType({"a": 1})], [{}], {"a": 0}, score[:1], doc[:1], grade[:1]) is False
+
+
+def test_what_float_and_str_split_read_and_trec_eval_does_not_is_an_error_on_both_paths():
+    # review 7, F3.3: float() reads `1_0` as 10 and Arabic-Indic digits as numbers (C's atof: 1
+    # and 0), str.split() splits at a no-break space and \x1c (C's isspace does not): a
+    # silently different number or line before; now one clear error, C reader or not.
+    ok = "q1 Q0 d1 1 2.5 run\n"
+    for line, problem in (("q1 Q0 d2 2 1_0 run\n", "score '1_0' is not a number"),
+                          ("q1 Q0 d2 2 \u0663 run\n", "score '\u0663' is not a number"),
+                          ("q1 Q0 d2\u00a02 1.0 run\n", "expected 6 fields"),
+                          ("q1\x1cQ0 d2 2 1.0 run\n", "expected 6 fields")):
+        native, python = read_both(ok + line, trec.read_run)
+        assert native == python
+        assert native[0] == "error" and ":2: " in native[1] and problem in native[1], native
+    native, python = read_both(ok + "q1 Q0 d\u00a02 2 1.0 run x\n", trec.read_run)
+    assert native == python and native[1] == {"q1": {"d1": 2.5, "d\u00a02": 1.0}}  # a field, as trec_eval reads it
+    native, python = read_both("q1 0 d1 1_0\n", lambda path: trec.read_qrels(path, atol=True))
+    assert native == python and native[1] == {"q1": {"d1": 1.0}}  # atol's leading digits, as trec_eval

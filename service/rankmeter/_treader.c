@@ -5,7 +5,7 @@
 
    A plain file is ASCII; its fields are separated by spaces or tabs, its lines by \n; every
    non-blank line has exactly `width` fields and none starts with `#`; a query's documents
-   are not repeated within a run of its lines; every value is what Python's float() reads
+   are not repeated within a run of its lines; every value is what Python's float() reads, without `_`
    (float() itself reads it: PyFloat_FromString), and with `whole` (qrels for trec_eval's
    names) a whole number [+-]digits{1,18}, which float() and trec_eval's atol read alike.
    Anything else is None: the line-by-line Python reader then reads the file and words its
@@ -45,6 +45,7 @@ static int is_whole(const char *p, Py_ssize_t size) {
 static int add(PyObject *table, const char *doc, Py_ssize_t doc_size, const char *value, Py_ssize_t value_size,
                int whole) {
     if (whole && !is_whole(value, value_size)) return 0;
+    if (memchr(value, '_', value_size)) return 0;  /* float() reads 1_0 as 10, atof as 1: trec.py refuses it */
     PyObject *key = PyUnicode_DecodeASCII(doc, doc_size, NULL);
     if (key == NULL) return -1;
     PyObject *text = PyUnicode_DecodeASCII(value, value_size, NULL);

@@ -13,6 +13,10 @@ Read as trec_eval 10 reads them (its get_qrels.c and get_trec_results.c):
   makes of the field: its leading `[+-]digits` (`1e3` is 1, `2.5` is 2, `.5` is 0); the
   field must still be a finite number (`abc` and `inf` are errors, as below). Read for
   ir_measures names, a grade is the number written (`1e3` is 1000, `2.5` is 2.5).
+- fields are separated by ASCII blanks only (a no-break space or \x1c is part of a field,
+  as in trec_eval, not a separator as str.split() makes it), and a score is written in
+  ASCII without `_` (float() reads `1_0` as 10 and Arabic-Indic digits as numbers, C's
+  atof as 1 and 0): such a score is an error, not a silently different number.
 - `-` as the run's path is standard input.
 Problems are raised as `InputError` naming the file and line, for a one-line message.
 """
@@ -22,11 +26,14 @@ from __future__ import annotations
 import gc
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 _WHOLE = re.compile(r"(?:[+-]?[0-9]{1,18}\n)*[+-]?[0-9]{1,18}")  # fields atol reads whole, below 2^63
 _LEADING = re.compile(r"[+-]?[0-9]+")
+# What str.split() splits on beyond C's isspace (" \t\n\v\f\r"), which trec_eval does not.
+_ODD_SPACE = re.compile("[\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+_ASCII_SPACE = re.compile("[ \t\n\v\f\r]+")
 LONG_MAX = 2 ** 63 - 1
 
 
@@ -59,17 +66,29 @@ def _bytes(path: str) -> bytes:
         raise InputError(path, None, "permission denied") from None
 
 
-def _lines(path: str, data: bytes) -> tuple[list[str], bool]:
+def _lines(path: str, data: bytes) -> tuple[list[str], bool, Callable[[str], list[str]]]:
     """The file's lines. Read whole: a million-line run is ~50 MB, and one decode and one
     split are several times faster than line-by-line reading. The flag: whether any line
-    can be a comment (one scan of the text, so clean files skip the per-line check)."""
+    can be a comment (one scan of the text, so clean files skip the per-line check); the
+    split: str.split, or a split on ASCII blanks only when the text holds other spaces."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line_no = data.count(b"\n", 0, e.start) + 1
         column = e.start - data.rfind(b"\n", 0, e.start)
         raise InputError(path, line_no, f"not UTF-8 text (byte {column} of the line)") from None
-    return text.split("\n"), "#" in text
+    return text.split("\n"), "#" in text, _ascii_split if _ODD_SPACE.search(text) else str.split
+
+
+def _ascii_split(line: str) -> list[str]:
+    return [field for field in _ASCII_SPACE.split(line) if field]
+
+
+def _score(text: str) -> float:
+    """A score as C's atof reads it where it reads a number float() reads alike (ASCII, no `_`)."""
+    if "_" in text or not text.isascii():
+        raise ValueError(text)
+    return float(text)
 
 
 @contextmanager
@@ -115,12 +134,16 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
     table = _plain(data, width, doc_field, value_field, comment_anywhere, whole)
     if table is not None:
         return table
-    lines, hashes = _lines(path, data)
+    lines, hashes, split = _lines(path, data)
     table = Table()
 
     def flush(qid: str, first: int, docs: list[str], values: list[str]) -> None:
         try:
-            read = float if not whole or _WHOLE.fullmatch("\n".join(values)) else atol
+            joined = "\n".join(values)
+            if whole:
+                read = float if _WHOLE.fullmatch(joined) else atol
+            else:
+                read = float if "_" not in joined and joined.isascii() else _score
             parsed = dict(zip(docs, map(read, values)))
         except ValueError:
             parsed = {}
@@ -130,7 +153,8 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
             all(map(math.isfinite, parsed.values()))
         if (len(parsed) != len(docs) or not usable
                 or (known is not None and not known.keys().isdisjoint(parsed))):
-            _locate(path, lines, first, qid, known or {}, doc_field, value_field, what, repeated, comment_anywhere)
+            _locate(path, lines, first, qid, known or {}, doc_field, value_field, what, repeated,
+                    comment_anywhere, split, whole)
         if known is None:
             table[qid] = parsed
         else:  # the query's lines were not consecutive
@@ -138,7 +162,7 @@ def _read(path: str, columns: str, doc_field: int, value_field: int, what: str, 
 
     qid, first, docs, values, last = None, 0, [], [], None
     for index, line in enumerate(lines):
-        fields = line.split()
+        fields = split(line)
         if len(fields) != width:
             if not fields or _comment(line, fields, comment_anywhere):
                 continue
@@ -192,21 +216,22 @@ def _comment(line: str, fields: list[str], anywhere: bool) -> bool:
     return fields[0][0] == "#" if anywhere else line[:1] == "#"
 
 
-def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, float],
-            doc_field: int, value_field: int, what: str, repeated: str, run: bool) -> None:
+def _locate(path: str, lines: list[str], first: int, qid: str, known: dict[str, float], doc_field: int,
+            value_field: int, what: str, repeated: str, run: bool, split: Callable[[str], list[str]],
+            whole: bool) -> None:
     """Find and raise the first problem in one query's block of lines starting at `first`
     (`run`: a run's lines, where a `#` field starts a comment anywhere and ±inf scores are
     read; in qrels only a line starting with `#` is one, as the reader skips them)."""
     seen = set(known)
     for index in range(first, len(lines)):
-        fields = lines[index].split()
+        fields = split(lines[index])
         if not fields or _comment(lines[index], fields, run):
             continue
         if fields[0] != qid:
             break
         doc, field = fields[doc_field], fields[value_field]
         try:
-            value = float(field)
+            value = float(field) if whole else _score(field)
         except ValueError:
             raise InputError(path, index + 1, f"{what} {field!r} is not a number") from None
         if math.isnan(value) and run:
