@@ -210,3 +210,65 @@ def test_the_last_batch_before_a_quiet_spell_is_confirmed_without_waiting_for_a_
         bus.ended.set()
         server.join(timeout=20)
     assert not server.is_alive()
+
+
+class FailingOnceStore(MemoryStore):
+    """The first commit holding records fails as a Redis going away does (after it may or
+    may not have been applied: here it was not)."""
+
+    unavailable = (ConnectionError,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
+    def commit(self, checkpoints):
+        checkpoints = list(checkpoints)
+        if not self.failed and any(c.records for c in checkpoints):
+            self.failed += 1
+            raise ConnectionError("the store went away")
+        return super().commit(checkpoints)
+
+
+class RecordingBus(Bus):
+    """Each offset handed to Kafka, beside what the store held then."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(partitions=1)
+        self.store = store
+        self.ahead: list[tuple] = []
+
+    def commit(self, offsets):
+        stored = self.store.offsets.get(0, {})
+        self.ahead.extend((tp, o, stored.get(tp[0], 0)) for tp, o in offsets.items() if o > stored.get(tp[0], 0))
+        super().commit(offsets)
+
+
+def test_a_failed_commit_in_flight_acknowledges_nothing_and_reloads_from_the_store(caplog):
+    """Review 7, F2.1: the commit in flight fails (Redis away). Nothing of that batch reaches
+    Kafka before the store holds it; serve records the failure and reloads every partition
+    from the store, which then reads the batch again: each query once in the stored state."""
+    store = FailingOnceStore()
+    bus, stop, started = RecordingBus(store), threading.Event(), {}
+    for qid in ("q1", "q2", "q3"):
+        for topic, key, value in query(qid):
+            bus.send(topic, key, value)
+    server = threading.Thread(target=run, args=(SETTINGS, bus, store, stop, lambda p, port: started.update(
+        pipeline=p)), daemon=True)
+    topics = (SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic)
+    with caplog.at_level("ERROR", logger="rankmeter"):
+        server.start()
+        try:
+            deadline = time.monotonic() + 20
+            while bus.committed_offsets != {(t, 0): 3 for t in topics} and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            server.join(timeout=20)
+    assert not server.is_alive()
+    assert store.failed == 1
+    assert bus.committed_offsets == {(t, 0): 3 for t in topics}
+    assert bus.ahead == []  # no offset handed to Kafka beyond what the store held
+    assert store.offsets[0] == {t: 3 for t in topics}
+    assert sorted(k for k in store.records.get(0, {})) == ["q1", "q2", "q3"]
+    assert any("the state store failed during a batch" in r.getMessage() for r in caplog.records)
