@@ -73,15 +73,29 @@ def test_the_matrix_cells_fix_tau2_with_the_services_own_function(monkeypatch):
     product's rule), once per experiment at its first look with a variance, never a
     fixed 1e-4 (review of issue 20, F3)."""
     from rankmeter.ab import experiment
-    calls = []
+    calls, returned, used = [], [], []
 
     def recorded(settings, t, c):
         calls.append((t, c))
-        return experiment.mixture_tau2(settings, t, c)
+        returned.append(experiment.mixture_tau2(settings, t, c))
+        return returned[-1]
 
+    def msprt(est, tau2, alpha):  # the τ² each look is tested with (review 9: not only computed)
+        used.append(tau2)
+        return ab_validity.msprt.__wrapped__(est, tau2, alpha)
+
+    def detections(est, tested, tau2, rng, scale):
+        used.extend(float(x) for x in np.asarray(tau2) if np.isfinite(x))
+        return real_detections(est, tested, tau2, rng, scale)
+
+    msprt.__wrapped__, real_detections = ab_validity.msprt, ab_validity._detections
     monkeypatch.setattr(ab_validity, "mixture_tau2", recorded)
+    monkeypatch.setattr(ab_validity, "msprt", msprt)
+    monkeypatch.setattr(ab_validity, "_detections", detections)
     ab_validity.aa_cell("fcr", 0.5, 3, 2_000, 200, np.random.default_rng(SEED))
     assert len(calls) == 3 and all(min(t.n, c.n) >= 100 for t, c in calls)
-    calls.clear()
+    assert used and set(used) <= set(returned) and ab_validity.DEFAULT_TAU2 not in used
+    calls.clear(), returned.clear(), used.clear()
     ab_validity.user_aa_cell("fcr", 0.5, 1.0, 3, 2_000, 200, np.random.default_rng(SEED), per_query=False)
     assert len(calls) == 3 and all(min(t.n, c.n) >= 100 for t, c in calls)
+    assert used and set(used) <= set(returned) and set(returned) <= set(used)
