@@ -53,3 +53,28 @@ def test_under_user_assignment_the_interleaving_p_value_is_withdrawn_with_its_re
     assert results["query"].running is not None and results["query"].withdrawn == ""
     assert results["user"].running is None and results["user"].withdrawn == WITHDRAWN_BY_USER
     assert results["user"].estimate == results["query"].estimate   # the preference itself is still shown
+
+
+def test_a_record_counted_by_an_older_release_never_takes_the_new_field_below_zero():
+    """Review 9: a record whose outcome an older release counted under its own field (no
+    field fixed in the record) changes outcome after the upgrade: the new field counts the
+    new outcome and takes nothing away (it never counted the old one)."""
+    from rankmeter.pipeline.experiments import INTERLEAVING
+
+    store, bus = MemoryStore(), Bus(partitions=1)
+    p = started(config.load(None, {**ENV, "RANKMETER_AB_START": str(NOW_MS - 900_000)}), store, bus)
+    t = NOW_MS - 600_000
+    imp = {"query_id": "q", "ranker": "il", "timestamp": t, "results": ["a", "b", "c", "d"],
+           "interleaving": {"experiment": "e", "teams": ["T", "D", "D", "T"]}}
+    feed(p, bus, [("impressions", "q", imp),
+                  ("feedback", "q", {"query_id": "q", "action": "click", "doc_id": "b", "timestamp": t + 1000})])
+    ps = p.experiments.held[0]
+    record = ps.records["q"]
+    assert record.interleaving_outcome == 0  # D wins
+    new_field = record.ab_experiment
+    old_field = new_field.rsplit("\x1f", 1)[0]  # the field without a start, as the older release wrote it
+    ps.ab[old_field], record.ab_experiment = ps.ab.pop(new_field), ""
+    feed(p, bus, [("feedback", "q", {"query_id": "q", "action": "click", "doc_id": "a", "timestamp": t + 2000}),
+                  ("feedback", "q", {"query_id": "q", "action": "click", "doc_id": "d", "timestamp": t + 3000})])
+    counts = {k: v.tolist() for k, v in ps.ab.items() if k.startswith(INTERLEAVING)}
+    assert counts == {old_field: [1.0, 0.0, 0.0], new_field: [0.0, 1.0, 0.0]}  # T wins now, counted once

@@ -255,12 +255,14 @@ class Experiments:
             outcome = -1 if not record.clicked else 0 if credit[a] > credit[b] else 1 if credit[b] > credit[a] else 2
             if outcome == record.interleaving_outcome:
                 continue
-            if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it
-                field = interleaving_counts(impression.experiment, a, b, self.interleaving_start)
+            counted = record.interleaving_outcome
+            if not field.startswith(INTERLEAVING):  # a record of a version that did not fix it: its
+                # outcome was counted under another field, so not in this one (never below 0 here)
+                field, counted = interleaving_counts(impression.experiment, a, b, self.interleaving_start), -1
             ps = self.held[k.partition]
             counts = ps.ab.setdefault(field, np.zeros(3))
-            if record.interleaving_outcome >= 0:
-                counts[record.interleaving_outcome] -= 1
+            if counted >= 0:
+                counts[counted] -= 1
             if outcome >= 0:
                 counts[outcome] += 1
             ps.dirty_ab.add(field)
