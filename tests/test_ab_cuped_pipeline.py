@@ -91,7 +91,9 @@ def test_cuped_off_keeps_no_table():
     assert all(np.isnan(c.variance_reduction) for c in s.pipeline.experiments.look().comparisons)
 
 
-@pytest.mark.parametrize("table", [b"\x00" * 24, np.full(4096 * 9 * 2, np.nan).tobytes()])
+# (the third: counts of 1e-300 with sums of 1e300, finite but an infinite mean: review F3)
+@pytest.mark.parametrize("table", [b"\x00" * 24, np.full(4096 * 9 * 2, np.nan).tobytes(),
+                                   np.tile([1e-300, 1e300], 4096 * 9).tobytes()])
 def test_an_unreadable_stored_table_is_left_out_and_counted(table):
     """Another size (another ab.cuped_buckets), or values no checkpoint writes: skipped,
     counted, and the look goes on with the other partitions' tables."""
@@ -105,3 +107,26 @@ def test_an_unreadable_stored_table_is_left_out_and_counted(table):
     look = s.pipeline.experiments.look()
     assert any(np.isfinite(c.variance_reduction) and c.variance_reduction > 0 for c in look.comparisons)
     assert s.pipeline.experiments.unreadable.counts["experiment"] == before + 1   # read once, then cached
+
+
+def test_a_malformed_covariate_field_is_skipped_and_counted_not_a_crash():
+    """Review (CUPED) F1: a stored `<experiment>#cuped` field of another shape (too few or
+    too many parts) crashed every look, and so serve, on every replica claiming partition 0."""
+    import numpy as np
+
+    from test_ab_pipeline import an_experiment, feed
+
+    from rankmeter.pipeline.covariates import SUFFIX
+
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(8, 300, 300)
+    feed(s.pipeline, s.bus, pre)
+    feed(s.pipeline, s.bus, during)
+    want = s.pipeline.ab_look().comparisons
+    name = s.pipeline.experiments.name
+    for bad in ("\x1fbroken", "", "\x1fa\x1fb\x1f3\x1fjunk"):
+        s.store.ab.setdefault(1, {})[name + SUFFIX + bad] = np.zeros(3).tobytes()
+    before = s.pipeline.experiments.unreadable.counts["experiment"]
+    look = s.pipeline.ab_look()
+    assert [c.estimate for c in look.comparisons] == [c.estimate for c in want]
+    assert s.pipeline.experiments.unreadable.counts["experiment"] >= before + 3  # (each read of the sums counts them)

@@ -138,3 +138,20 @@ def test_invalid_srm_still_replaces_a_stored_do_not_ship_and_it_is_written_once(
     assert (d.decision, new, bad) == ("do_not_ship", {}, []) and "since 1970-01-01T00:00:01Z" in notes[0]
     reached = Decision("new", "b", "do_not_ship", ())
     assert final.apply([reached], stored, 5000)[1] == {"new\x1fb": "do_not_ship 5000"}
+
+
+def test_a_final_verdict_the_store_lost_is_stored_again():
+    """Review (CUPED) F6: this process knew do_not_ship and the store was put back to an
+    older copy without it: it is written again, not only remembered (a restart read ship)."""
+    from rankmeter.ab.declared import Decision
+    from rankmeter.pipeline import final
+    from rankmeter.store import MemoryStore
+    from rankmeter.unreadable import Unreadable
+
+    store, k = MemoryStore(), final.key("exp")
+    saved = {k: {"new\x1f": "do_not_ship 1000"}}
+    decisions, reached, _ = final.applied(store, Unreadable(), "exp", saved, [Decision("new", "", "ship", ())], 5000)
+    assert decisions[0].decision == "do_not_ship" and reached == {"new\x1f": "do_not_ship 1000"}
+    store.save_running(k, reached)
+    decisions, reached, _ = final.applied(store, Unreadable(), "exp", {}, [Decision("new", "", "ship", ())], 6000)
+    assert decisions[0].decision == "do_not_ship" and reached == {}

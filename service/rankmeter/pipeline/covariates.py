@@ -147,8 +147,10 @@ class Covariates:
                                          f"{len(data)} bytes, not {8 * self.size} (ab.cuped_buckets × measures × 16)")
                     continue
                 table = np.frombuffer(data).reshape(self.buckets, self.measures, 2)
-                if not np.isfinite(table).all() or (table[..., 0] < 0).any():
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE, "a count below 0 or a value not finite")
+                counts = table[..., 0]
+                if not np.isfinite(table).all() or (counts < 0).any() or (counts != np.round(counts)).any():
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE,
+                                         "a count below 0 or not whole, or a value not finite")
                     continue
                 total += table
             n, s = total[..., 0], total[..., 1]
@@ -172,6 +174,8 @@ class Covariates:
                     continue
                 # A text without a hash (none sent): the pooled mean, as one without pre-period data.
                 x = means[b, c] if b >= 0 else _pooled(means, c)
+                if not np.isfinite(x * x * values[i, c]):  # (tables that add up past floats: left out)
+                    continue
                 out[i, k] = (x, x * x, x * values[i, c])
         return out
 
@@ -191,11 +195,15 @@ def arm_covariates(stored: Mapping[int, Mapping[str, bytes]], experiment: str, m
             name, _, rest = field.partition("\x1f")
             if name != experiment + SUFFIX:
                 continue
-            ranker, segment, *bucket_ = rest.split("\x1f")
+            parts = rest.split("\x1f")
+            if len(parts) != (3 if by_user else 2):  # (a stored field, not ours: never unpacked blindly)
+                skip(p, field, f"{len(parts)} parts after the name, not {3 if by_user else 2}")
+                continue
+            ranker, segment, *bucket_ = parts
             readable = not bucket_ or (len(bucket_[0]) <= 6 and bucket_[0].isascii() and bucket_[0].isdigit()
                                        and int(bucket_[0]) < buckets)
-            if len(data) != 8 * width or by_user != bool(bucket_) or not readable:
-                skip(p, field, f"{len(data)} bytes of covariate sums, not {8 * width}")
+            if len(data) != 8 * width or not readable:
+                skip(p, field, f"{len(data)} bytes of covariate sums, not {8 * width}, or a bucket not below {buckets}")
                 continue
             vector = np.frombuffer(data).reshape(measures, COVARIATE_SLOTS)
             if not np.isfinite(vector).all():

@@ -74,7 +74,11 @@ def applied(store: Store, unreadable: Unreadable, experiment: str, saved: Mappin
     """`apply` with the stored final decisions, what this process saved (`saved`, by state
     key) winning over a store that lost it; an unreadable one counted."""
     k = key(experiment)
-    decisions, reached, notes, bad = apply(decisions, {**store.load_running(k), **saved.get(k, {})}, now_ms)
+    in_store, mine = store.load_running(k), saved.get(k, {})
+    decisions, reached, notes, bad = apply(decisions, {**in_store, **mine}, now_ms)
+    # One this process stored and the store lost (put back to an older copy): stored again,
+    # or the next process to look would not know it.
+    reached.update({f: text for f, text in mine.items() if f not in in_store and since_ms(text) is not None})
     for f in bad:
         unreadable.skip("experiment", f"ab:running:{k}", f, "not do_not_ship and a time")
     return decisions, reached, notes
