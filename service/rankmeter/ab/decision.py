@@ -24,7 +24,9 @@ or a guardrail's hold-level sequence empties, and turns into `do_not_ship` once 
 metric's stop-level upper end crosses to the bad side: new evidence, never a false ship.
 A metric not compared this look (too few queries after a rewind, no variance) still reads
 its stored stop-level record: worse (failed) there stays worse, not `waiting`. The final
-`do_not_ship` itself is stored apart and read first (pipeline/final.py).
+`do_not_ship` itself is stored apart, for the comparison (baseline and ab.start: every
+later experiment of it, a ramp or a redeclaration, reads it), and read first
+(pipeline/final.py).
 """
 
 from __future__ import annotations

@@ -100,6 +100,9 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     continue
                 adjusted = cuped_sums(covariates, vectors, ranker, segment, baseline, columns[metric], by_user) \
                     if settings.cuped and average == "macro" else None
+                if settings.cuped and average == "macro" and adjusted is None:
+                    continue  # (an arm's covariate sums unreadable: not compared, never tested unadjusted,
+                    # a second test of the same metric in one experiment, ab/identity.py)
                 if adjusted is not None:
                     cov_t, cov_b = adjusted
                     if by_user and min(np.count_nonzero(cov_t[:, 0]), np.count_nonzero(cov_b[:, 0])) < clusters.MIN_BUCKETS:
@@ -186,7 +189,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
 def cuped_sums(covariates: Mapping[tuple[str, str], np.ndarray] | None, vectors: Mapping[tuple[str, str], np.ndarray],
                ranker: str, segment: str, baseline: str, column: int, by_user: bool) -> tuple | None:
     """Both arms' CovariateSums of one measure (per user bucket: [B, 6]), or None when either
-    arm has no covariate sums (the comparison stays unadjusted)."""
+    arm has no covariate sums (the comparison is not made)."""
     if not covariates or (ranker, segment) not in covariates or (baseline, segment) not in covariates:
         return None
     out = []
