@@ -162,6 +162,20 @@ def test_a_look_with_cuped_compares_the_adjusted_macro_metric_and_keeps_its_own_
     assert macro_off.estimate == expected.unadjusted and np.isnan(macro_off.variance_reduction)
 
 
+def test_with_cuped_an_arm_without_covariate_sums_is_not_compared_unadjusted():
+    """CUPED review F5: the unadjusted macro comparison is another test of the same metric
+    (another running record): with ab.cuped on it is never made, in one experiment."""
+    from rankmeter.ab.experiment import look
+    from rankmeter.config import AB
+    arm, x, y = draw(5, 2000, 2000, 0.8, 0.05)
+    (vt, ct), (vb, _) = arm_vector(x[arm == 1], y[arm == 1]), arm_vector(x[arm == 0], y[arm == 0])
+    on = AB(baseline="base", unit="query", cuped=True, primary=["nDCG@10 increase"])
+    result, kept = look("e", "base", {("new", ""): vt, ("base", ""): vb}, ["nDCG@10"], on, {},
+                        covariates={("new", ""): ct})
+    assert [c.average for c in result.comparisons] == ["micro"]
+    assert not [k for k in kept if "\x1fmacro" in k]
+
+
 def test_the_variance_reduction_is_exported_and_reported():
     from prometheus_client import CollectorRegistry, generate_latest
 

@@ -64,7 +64,7 @@ def _decision(pipeline):
 
 def test_running_records_wiped_after_a_restart_still_do_not_ship(world):
     store, pipeline = world
-    key = final.key(pipeline.experiments.name)
+    key = final.key(pipeline.experiments.phase.phase.comparison)
     assert final.since_ms(store.running[key]["new\x1f"]) is not None
     for k in [k for k in store.running if k != key]:
         store.running[k] = {}
@@ -77,7 +77,7 @@ def test_running_records_wiped_after_a_restart_still_do_not_ship(world):
 
 def test_running_records_garbage_after_a_restart_still_do_not_ship(world):
     store, pipeline = world
-    key = final.key(pipeline.experiments.name)
+    key = final.key(pipeline.experiments.phase.phase.comparison)
     for k in [k for k in store.running if k != key]:
         store.running[k] = {f: "garbage" for f in store.running[k]}
     again = _restarted(store)
@@ -94,7 +94,7 @@ def test_a_changed_mixture_scale_still_do_not_ship(world):
 
 def test_an_unreadable_final_value_keeps_running_with_a_note_never_ships(world):
     store, pipeline = world
-    key = final.key(pipeline.experiments.name)
+    key = final.key(pipeline.experiments.phase.phase.comparison)
     for k in [k for k in store.running if k != key]:
         store.running[k] = {}
     for text in ("garbage", "do_not_ship ²", "do_not_ship " + "1" * 40, "ship 1"):
@@ -148,10 +148,107 @@ def test_a_final_verdict_the_store_lost_is_stored_again():
     from rankmeter.store import MemoryStore
     from rankmeter.unreadable import Unreadable
 
-    store, k = MemoryStore(), final.key("exp")
+    store, k = MemoryStore(), final.key("base@1")
     saved = {k: {"new\x1f": "do_not_ship 1000"}}
-    decisions, reached, _ = final.applied(store, Unreadable(), "exp", saved, [Decision("new", "", "ship", ())], 5000)
+    decisions, reached, _ = final.applied(store, Unreadable(), "base@1", "exp", saved, [Decision("new", "", "ship", ())], 5000)
     assert decisions[0].decision == "do_not_ship" and reached == {"new\x1f": "do_not_ship 1000"}
     store.save_running(k, reached)
-    decisions, reached, _ = final.applied(store, Unreadable(), "exp", {}, [Decision("new", "", "ship", ())], 6000)
+    decisions, reached, _ = final.applied(store, Unreadable(), "base@1", "exp", {}, [Decision("new", "", "ship", ())], 6000)
     assert decisions[0].decision == "do_not_ship" and reached == {}
+
+
+@pytest.mark.parametrize("env", [
+    # CUPED review F4: a ramp (a new split from split_since) is a new experiment ...
+    {"RANKMETER_AB_SPLIT": "base=0.9,new=0.1", "RANKMETER_AB_SPLIT_SINCE": str(START_MS + 60_000)},
+    # ... F1.2: so is a redeclaration, even of α by 1e-7 ...
+    {"RANKMETER_AB_ALPHA": "0.0499999"},
+    {"RANKMETER_AB_GUARDRAILS": "CTR 0.05"},
+    # ... and F5: turning CUPED on (the adjusted comparison is another test).
+    {"RANKMETER_AB_CUPED": "true"},
+])
+def test_a_new_phase_of_the_same_comparison_still_does_not_ship(world, env):
+    """The stored do_not_ship belongs to the baseline and ab.start: the next experiment of
+    the same comparison, whose fresh sequences read better, does not ship the treatment."""
+    store, pipeline = world
+    again = _restarted(store, **env)
+    assert again.experiments.name != pipeline.experiments.name  # a new experiment
+    look = again.ab_look()
+    assert [d.decision for d in look.decisions] == ["do_not_ship"]
+    assert any("do_not_ship since" in note and "ab.start" in note for note in look.notes)
+
+
+def test_a_new_ab_start_starts_over(world):
+    store, _ = world
+    again = _restarted(store, RANKMETER_AB_START=str(START_MS + 1))
+    assert _decision(again) == "ship"
+
+
+def test_turning_cuped_on_is_a_new_experiment_with_a_note(world):
+    store, pipeline = world
+    again = _restarted(store, RANKMETER_AB_CUPED="true")
+    assert again.experiments.name == pipeline.experiments.name + "+cuped"
+    notes = again.experiments.phase.notes([pipeline.experiments.name, again.experiments.name])
+    assert [n for n in notes if "ab.cuped was turned on" in n] and not [n for n in notes if "declared" in n]
+
+
+def test_a_final_verdict_an_earlier_release_stored_under_the_experiment_still_holds(world):
+    store, pipeline = world
+    scope = final.key(pipeline.experiments.phase.phase.comparison)
+    store.running[final.key(pipeline.experiments.name)] = store.running.pop(scope)
+    for k in [k for k in store.running if "|final" not in k]:
+        store.running[k] = {}
+    again = _restarted(store)
+    assert _decision(again) == "do_not_ship"
+    assert final.since_ms(store.running[scope]["new\x1f"]) is not None  # stored under the comparison now
+
+
+@pytest.fixture
+def shipping(monkeypatch):
+    """The fake look of `world`, the treatment better from the first look: ship."""
+    state = {"worse": False}
+
+    def look(experiment, baseline, vectors, names, settings, running, settled, *rest):
+        worse = state["worse"]
+        stop = Running(1e-3, -0.05, -0.01) if worse else Running(1e-3, 0.01, 0.05)
+        comparison = Comparison("P@10", "new", "", "macro", Estimate(0.02, 0.0, 1e-4), stop, 1e-4,
+                                {"ship": stop, "stop": stop})
+        arms = [ArmView("base", "", 1000, 500), ArmView("new", "", 1000, 500)]
+        return Look(experiment, baseline, arms, [comparison], {"": 0.5}), {STOP: "0.001 0.01 0.05 0.0001"}
+
+    monkeypatch.setattr(pipeline_experiments, "ab_look", look)
+    settings, events, _, store, bus, pipeline = an_experiment(5, 200, partitions=3, **PRIMARY)
+    feed(pipeline, bus, events)
+    assert _decision(pipeline) == "ship"
+    return store, pipeline, state
+
+
+def test_an_unreadable_running_record_never_ships_again_but_can_stop(shipping):
+    """Review (CUPED): before do_not_ship, an unreadable running record made its comparison
+    begin again with a τ² fixed from data already seen, and ship on it. Now the treatment
+    is stored no_ship: keep_running with a note, across restarts; do_not_ship still counts."""
+    store, pipeline, worse = shipping
+    state = next(k for k in store.running if "|alpha=" in k)
+    store.running[state][STOP] = "garbage"
+    again = _restarted(store)
+    look = again.ab_look()
+    assert [d.decision for d in look.decisions] == ["keep_running"]
+    assert any("running statistics were unreadable" in note for note in look.notes)
+    scope = final.key(again.experiments.phase.phase.comparison)
+    assert final.parsed(store.running[scope]["new\x1f"])[0] == "no_ship"
+    latest = _restarted(store)
+    assert _decision(latest) == "keep_running"  # (the record is readable again: still no ship)
+    worse["worse"] = True
+    assert _decision(latest) == "do_not_ship"
+    assert final.since_ms(store.running[scope]["new\x1f"]) is not None
+
+
+def test_no_ship_applied():
+    ship, stop = Decision("new", "", "ship", ()), Decision("new", "", "do_not_ship", ())
+    [d], new, notes, bad = final.apply([ship], {}, 5000, lost={"new\x1f"})
+    assert (d.decision, new, bad) == ("keep_running", {"new\x1f": "no_ship 5000"}, []) and notes
+    [d], new, _, _ = final.apply([ship], {"new\x1f": "no_ship 1000"}, 5000)
+    assert (d.decision, new) == ("keep_running", {})
+    [d], new, _, _ = final.apply([stop], {"new\x1f": "no_ship 1000"}, 5000)
+    assert (d.decision, new) == ("do_not_ship", {"new\x1f": "do_not_ship 5000"})
+    undeclared = Decision("new", "", "undeclared", ())
+    assert final.apply([undeclared], {}, 5000, lost={"new\x1f"})[1] == {}

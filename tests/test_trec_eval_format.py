@@ -5,6 +5,7 @@ rounding gets wrong first (x·10^4 at or near a half: 0.00005, 0.00015, k/20000,
 neighbours one ulp away), 1.0, 0, -0.0, negatives, huge values, NaN and ±inf."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -21,7 +22,10 @@ try:
 except ImportError:
     _treader = None
 
-needs_c = pytest.mark.skipif(_treader is None, reason="the C formatter is not built (scripts/build_native.py)")
+# In CI the module is always built (`make venv`): there a missing one fails, never skips.
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+needs_c = pytest.mark.skipif(_treader is None and not IN_CI,
+                             reason="the C formatter is not built (scripts/build_native.py)")
 DOUBLE, LONG, TEXT = Column("map", None), Column("num_ret", None, kind="long"), Column("relstring", None, kind="10")
 
 

@@ -24,7 +24,9 @@ or a guardrail's hold-level sequence empties, and turns into `do_not_ship` once 
 metric's stop-level upper end crosses to the bad side: new evidence, never a false ship.
 A metric not compared this look (too few queries after a rewind, no variance) still reads
 its stored stop-level record: worse (failed) there stays worse, not `waiting`. The final
-`do_not_ship` itself is stored apart and read first (pipeline/final.py).
+`do_not_ship` itself is stored apart, for the comparison (baseline and ab.start: every
+later experiment of it, a ramp or a redeclaration, reads it), and read first
+(pipeline/final.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Mapping
 
 from rankmeter.ab import declared as decl
 from rankmeter.ab.declared import Decision, Declared, Reason
-from rankmeter.ab.experiment import Comparison, Look, _decode
+from rankmeter.ab.experiment import Comparison, Look, decode_running
 from rankmeter.ab.stats import Running
 from rankmeter.config import AB
 
@@ -51,7 +53,7 @@ def stored_stop(d: Declared, ranker: str, segment: str, running: Mapping[str, st
     the adjusted one too: the tighter upper end), Running() when none is readable."""
     s = decl.scale(d) if d.role == "guardrail" else 1.0
     key = "\x1f".join((d.metric, ranker, segment, d.average))
-    found = [_decode(running.get(f"{k}\x1fstop\x1f{at.stop!r}\x1f{s!r}"))
+    found = [decode_running(running.get(f"{k}\x1fstop\x1f{at.stop!r}\x1f{s!r}"))
              for k in (key, f"{key}\x1fcuped")]
     return min(found, key=lambda r: _oriented(r, d)[1])
 

@@ -100,6 +100,9 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                     continue
                 adjusted = cuped_sums(covariates, vectors, ranker, segment, baseline, columns[metric], by_user) \
                     if settings.cuped and average == "macro" else None
+                if settings.cuped and average == "macro" and adjusted is None:
+                    continue  # (an arm's covariate sums unreadable: not compared, never tested unadjusted,
+                    # a second test of the same metric in one experiment, ab/identity.py)
                 if adjusted is not None:
                     cov_t, cov_b = adjusted
                     if by_user and min(np.count_nonzero(cov_t[:, 0]), np.count_nonzero(cov_b[:, 0])) < clusters.MIN_BUCKETS:
@@ -123,7 +126,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 if not math.isfinite(estimate.variance) or estimate.variance <= 0:
                     continue
                 key = "\x1f".join((metric, ranker, segment, average) + (("cuped",) if adjusted else ()))
-                before, tau2 = _decode(running.get(key)), _tau2(running.get(key))
+                before, tau2 = decode_running(running.get(key)), _tau2(running.get(key))
                 if tau2 is None:
                     if not (settled or settings.mixture_variance):
                         continue  # read before the clicks arrive, the variance is too small
@@ -135,7 +138,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
                 tests = {}
                 for test, (level, s) in decided.get((metric, average), {}).items():
                     field = f"{key}\x1f{test}\x1f{level!r}\x1f{s!r}"  # another level or margin: another record
-                    tests[test] = update(_decode(running.get(field)),
+                    tests[test] = update(decode_running(running.get(field)),
                                          msprt(estimate if s == 1.0 else difference(s), tau2, level))
                     kept[field] = _encode(tests[test], tau2)
                 reduction = math.nan
@@ -150,7 +153,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
             if sum(counts) < settings.min_queries:
                 continue
             key = "\x1f".join(("srm", segment))
-            before = _decode(running.get(key))
+            before = decode_running(running.get(key))
             if by_user:  # the query share per user bucket (a user's queries are not independent)
                 buckets = [vectors[(r, segment)][:, -2] if (r, segment) in arms else np.zeros(clusters.BUCKETS)
                            for r in shares]
@@ -186,7 +189,7 @@ def look(experiment: str, baseline: str, vectors: Mapping[tuple[str, str], np.nd
 def cuped_sums(covariates: Mapping[tuple[str, str], np.ndarray] | None, vectors: Mapping[tuple[str, str], np.ndarray],
                ranker: str, segment: str, baseline: str, column: int, by_user: bool) -> tuple | None:
     """Both arms' CovariateSums of one measure (per user bucket: [B, 6]), or None when either
-    arm has no covariate sums (the comparison stays unadjusted)."""
+    arm has no covariate sums (the comparison is not made)."""
     if not covariates or (ranker, segment) not in covariates or (baseline, segment) not in covariates:
         return None
     out = []
@@ -254,7 +257,7 @@ def interleaving_look(vectors: Mapping[tuple[str, str, str], np.ndarray], settin
         now = None
         if not withdrawn and wins_a + wins_b + ties >= settings.min_queries and estimate.variance > 0:
             key = "\x1f".join(("interleaving", experiment, a, b))
-            now = update(_decode(running.get(key)), msprt(estimate, INTERLEAVING_TAU2, settings.alpha))
+            now = update(decode_running(running.get(key)), msprt(estimate, INTERLEAVING_TAU2, settings.alpha))
             kept[key] = _encode(now)
         out.append(Preference(experiment, a, b, wins_a, wins_b, ties, estimate, now, withdrawn))
     return out, kept
@@ -265,7 +268,8 @@ def _encode(r: Running, tau2: float | None = None) -> str:
     return text if tau2 is None else f"{text} {tau2!r}"
 
 
-def _decode(text: str | None) -> Running:
+def decode_running(text: str | None) -> Running:
+    """A stored running record (p-value, sequence ends[, τ²]); Running() when none or unreadable."""
     if not text or not readable(text):
         return Running()
     p, lo, hi = (float(x) for x in text.split()[:3])
@@ -294,4 +298,4 @@ def tighter(a: str | None, b: str | None) -> str:
     smaller p, the narrower sequence, and the τ² the first was fixed with (else the
     second's). Whatever each holds, the result never loosens either."""
     tau2 = _tau2(a) if _tau2(a) is not None else _tau2(b)
-    return _encode(update(_decode(a), Sequential(*_decode(b))), tau2)
+    return _encode(update(decode_running(a), Sequential(*decode_running(b))), tau2)

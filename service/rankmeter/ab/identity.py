@@ -6,7 +6,7 @@ experiment: never one estimate pooled over two splits), and the configured measu
 compares with what their values depend on (grading), and its declared decision
 (`ab.primary`, `ab.guardrails`, `ab.alpha`: ab/declared.py) when there is one:
 
-    name = baseline@start@since@split@unit@measures-hash[+declaration-hash]
+    name = baseline@start@since@split@unit@measures-hash[+declaration-hash][+cuped]
 
 The declaration is part of it because its error rates hold for one declaration fixed
 before the data: a primary chosen after a look at the exploratory series, or a dropped
@@ -14,6 +14,11 @@ guardrail (which raises α/k and α/(k + g)), starts a new experiment, whose sum
 sequences and decision count only the impressions enrolled from the change on (the
 earlier experiment stays stored as it was; the report notes the change). An undeclared
 experiment's name has no declaration hash, as before declarations existed.
+
+`ab.cuped` is part of it too (CUPED review F5): the adjusted and the unadjusted
+comparison are two tests, each at α; turning CUPED on or off mid-experiment would test
+both (a stop on either), so it starts a new experiment. An experiment without CUPED
+keeps the name it had before CUPED existed.
 
 The online signals (CTR, Clicks, ...) are left out of the name: a release may add one,
 and that must not restart a running experiment. Which measures an experiment's stored
@@ -50,17 +55,26 @@ class Phase(NamedTuple):
     split: str       # split_text
     unit: str        # ab.unit: query or user (its sums are kept per user bucket)
     declaration: str = ""  # declaration_text; empty when undeclared
+    cuped: str = ""        # "cuped" with ab.cuped, else empty
+
+    @property
+    def comparison(self) -> str:
+        """What the phases of one comparison share, whatever their split, declaration or
+        CUPED: the baseline and ab.start (pipeline/final.py keeps its final decisions)."""
+        return f"{self.baseline}@{self.start_ms}"
 
     @property
     def prefix(self) -> str:
         """What every experiment of this phase's baseline, start and since begins with."""
-        return f"{self.baseline}@{self.start_ms}@{self.since_ms}@"
+        return f"{self.comparison}@{self.since_ms}@"
 
     def name(self, layout: Layout) -> str:
         measures = sorted(i for i in layout.ids if "#" in i) + [layout.judged_id]
         tag = hashlib.sha256(json.dumps(measures).encode()).hexdigest()[:8]
         if self.declaration:
             tag += "+" + hashlib.sha256(self.declaration.encode()).hexdigest()[:8]
+        if self.cuped:
+            tag += "+" + self.cuped
         return f"{self.prefix}{self.split}@{self.unit}@{tag}"
 
 
@@ -71,7 +85,7 @@ def phase(settings: AB) -> Phase | None:
     start = time_ms(settings.start)
     since = time_ms(settings.split_since) if settings.split_since else start
     return Phase(settings.baseline, start, max(start, since), split_text(settings.split), settings.unit or "query",
-                 declaration_text(settings))
+                 declaration_text(settings), "cuped" if settings.cuped else "")
 
 
 def declaration_text(settings: AB) -> str:

@@ -287,7 +287,7 @@ class Experiments:
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
-        running = self._running(state)
+        running, unreadable_fields = self._running(state)
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
         # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
@@ -299,8 +299,10 @@ class Experiments:
                                covariates)
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
         now_ms = int(self.clock() * 1000)
-        decisions, reached, final_notes = final.applied(self.store, self.unreadable, experiment, self._saved,
-                                                        decide(result, a, {**running, **kept}), now_ms)
+        scope = phase.phase.comparison  # (a treatment whose running record was unreadable: no_ship)
+        decisions, reached, final_notes = final.applied(self.store, self.unreadable, scope, experiment, self._saved,
+                                                        decide(result, a, {**running, **kept}), now_ms,
+                                                        final.treatments(unreadable_fields))
         notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ()) + final_notes
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit, decisions=decisions)
@@ -312,7 +314,7 @@ class Experiments:
         # holder's look (read before a newer one's) must not move them back.
         owner = self.held[0].epoch if 0 in self.held else None
         if save and owner is not None and reached:  # (fenced the same way: a stale holder writes nothing)
-            self._save_running(final.key(experiment), {**self._saved.get(final.key(experiment), {}), **reached}, owner)
+            self._save_running(final.key(scope), {**self._saved.get(final.key(scope), {}), **reached}, owner)
         if save and owner is not None and self._save_running(state, {**running, **kept}, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
@@ -334,29 +336,30 @@ class Experiments:
             return
         # Keyed by what the running statistics depend on: alpha, τ² and the start.
         state = f"interleaving|alpha={self.settings.ab.alpha}|tau2={INTERLEAVING_TAU2}|start={start}"
-        running = self._running(state)
+        running, _ = self._running(state)
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
         if save and 0 in self.held:
             self._save_running(state, {**running, **kept}, self.held[0].epoch)
 
-    def _running(self, key: str) -> dict[str, str]:
+    def _running(self, key: str) -> tuple[dict[str, str], list[str]]:
         """The stored running statistics, tightened by what this process saved last where
         the store holds less (it lost writes: a restore, a failover): counted, logged. Each
         comparison's as the tighter of both (ab/experiment.py `tighter`), never loosened: a
         process whose memory is older than the store (another holder wrote since) changes
         nothing. The result is saved back whole, comparisons this look did not compute
-        (too few queries in an arm after a rewind) included, for the next holder."""
-        stored = self.store.load_running(key)
-        for field in [f for f, text in stored.items() if not readable(text)]:
+        (too few queries in an arm after a rewind) included, for the next holder. Also
+        returns the fields unreadable and not replaced by what this process saved."""
+        stored, saved = self.store.load_running(key), self._saved.get(key, {})
+        bad = [f for f, text in stored.items() if not readable(text)]
+        for field in bad:
             self.unreadable.skip("experiment", f"ab:running:{key}", field, "not three numbers")
             del stored[field]
-        saved = self._saved.get(key, {})
         merged = {**stored, **{field: tighter(stored.get(field), text) for field, text in saved.items()}}
         if any(merged[field] != stored.get(field) for field in saved):
             self.running_lost += 1
             log.error("the state store lost the experiment's last running statistics: going on from "
                       "what this process saved", extra={"experiment": key})
-        return merged
+        return merged, [f for f in bad if f not in saved]  # (what this process saved replaces them)
 
     def _save_running(self, key: str, running: Mapping[str, str], owner: int) -> bool:
         """Saved unless a newer holder of partition 0 has claimed it (then False)."""

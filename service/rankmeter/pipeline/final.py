@@ -1,11 +1,20 @@
-"""The final decision, stored (review 7, F1.1). `do_not_ship` is final within an experiment
-(ab/decision.py), but each look computes it from the running records, which a restart (an
-unreadable record dropped), a store put back to an older copy, or a changed ab.mixture_scale
-(another state key) lose: the same sums would then read `ship`. So the look that first
-reaches it stores it, once, apart from them: in the running-state store under
-`{experiment}|final` (the experiment alone: no α, no τ² in the key), field
+"""The final decisions, stored (review 7, F1.1; CUPED review F4, F1.2). `do_not_ship` is
+final (ab/decision.py), but each look computes it from the running records, which a
+restart (an unreadable record dropped), a store put back to an older copy, or a changed
+ab.mixture_scale (another state key) lose: the same sums would then read `ship`. So the
+look that first reaches it stores it, once, apart from them, in the running-state store
+under `{baseline}@{ab.start}|final` (the comparison, not the experiment's name: a ramp,
+a redeclaration, another ab.alpha or ab.cuped is a new experiment, and a treatment
+stopped in one is not shipped by the next; a new ab.start starts over), field
 `treatment␟segment`, value `do_not_ship <epoch ms>`; every later look reads it first.
-`invalid_srm` still replaces it (nothing of the experiment is trusted then)."""
+`invalid_srm` still replaces it (nothing of the experiment is trusted then).
+
+`no_ship <epoch ms>`: a running record of the treatment was unreadable at that time, so
+its sequences began again and their τ² was fixed late, from data already seen: it is
+never `ship` again (keep_running), `do_not_ship` can still be reached, until an operator
+removes the field. A value of neither form is unreadable: keep_running, never ship,
+until an operator removes it. Earlier releases stored under `{experiment}|final`: read too.
+"""
 
 from __future__ import annotations
 
@@ -17,68 +26,99 @@ from rankmeter.store import Store
 from rankmeter.unreadable import Unreadable
 
 FINAL = "do_not_ship"
+NO_SHIP = "no_ship"
 MAX_TEXT = 40  # a stored value longer than this is not ours: unreadable, never parsed
 
 
-def key(experiment: str) -> str:
-    return f"{experiment}|final"
+def key(comparison: str) -> str:
+    """The state key of a comparison's final decisions (`baseline@start_ms`); an earlier
+    release's, of one experiment's name, has the same form."""
+    return f"{comparison}|final"
 
 
 def field(d: Decision) -> str:
     return f"{d.treatment}\x1f{d.segment}"
 
 
-def since_ms(text: str) -> int | None:
-    """When a stored final value says do_not_ship was reached, None when it is unreadable."""
+def treatments(running_fields: Iterable[str]) -> set[str]:
+    """The fields (treatment␟segment) of the comparisons' running records given (their
+    field: metric␟treatment␟segment␟average[␟…]; the SRM's, srm␟segment, has none)."""
+    return {"\x1f".join(f.split("\x1f")[1:3]) for f in running_fields if f.count("\x1f") >= 3}
+
+
+def parsed(text: str) -> tuple[str, int] | None:
+    """(do_not_ship or no_ship, since when in epoch ms) of a stored value; None: unreadable."""
     if len(text) > MAX_TEXT:
         return None
     word, _, ms = text.partition(" ")
     # The canonical decimal the writer produces (isdigit() alone holds for "²" and "١٢").
-    ok = word == FINAL and 0 < len(ms) <= 19 and ms.isascii() and ms.isdigit() and str(int(ms)) == ms
-    return int(ms) if ok else None
+    ok = word in (FINAL, NO_SHIP) and 0 < len(ms) <= 19 and ms.isascii() and ms.isdigit() and str(int(ms)) == ms
+    return (word, int(ms)) if ok else None
+
+
+def since_ms(text: str) -> int | None:
+    """When a stored value says do_not_ship was reached; None otherwise."""
+    p = parsed(text)
+    return p[1] if p is not None and p[0] == FINAL else None
 
 
 def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def apply(decisions: Iterable[Decision], stored: Mapping[str, str], now_ms: int
+def apply(decisions: Iterable[Decision], stored: Mapping[str, str], now_ms: int, lost: Iterable[str] = ()
           ) -> tuple[tuple[Decision, ...], dict[str, str], tuple[str, ...], list[str]]:
-    """The decisions with the stored final ones applied; the fields to store (those first
-    reaching do_not_ship now); notes; the fields whose stored value is unreadable (an
-    unknown final decision: keep_running, never ship, until an operator removes it)."""
+    """The decisions with the stored final ones applied; the fields to store (do_not_ship
+    first reached now; no_ship for the treatments whose running records were unreadable
+    at this look, `lost`); notes; the fields whose stored value is unreadable (an unknown
+    final decision: keep_running, never ship, until an operator removes it)."""
     out, new, notes, unreadable = [], {}, [], []
+    lost = set(lost)
     for d in decisions:
         f, text = field(d), stored.get(field(d))
-        if text is not None and d.decision != "undeclared":
-            ms = since_ms(text)
-            if ms is None:
-                unreadable.append(f)
-                if d.decision in ("ship", "keep_running"):
-                    notes.append(f"{d.treatment} (segment {d.segment!r}): its stored final decision is "
-                                 f"unreadable: keep_running, never ship, until an operator removes it")
-                    d = d._replace(decision="keep_running")
-            elif d.decision != "invalid_srm":
-                if d.decision != FINAL:
-                    notes.append(f"{d.treatment} (segment {d.segment!r}): do_not_ship since {_when(ms)}, "
-                                 f"stored (final within the experiment)")
-                d = d._replace(decision=FINAL)
-        elif text is None and d.decision == FINAL:
-            new[f] = f"{FINAL} {now_ms}"
+        if text is None and f in lost and d.decision not in (FINAL, "undeclared"):
+            text = new[f] = f"{NO_SHIP} {now_ms}"
+        p = parsed(text) if text is not None else None
+        if text is None or d.decision == "undeclared":
+            if text is None and d.decision == FINAL:
+                new[f] = f"{FINAL} {now_ms}"
+        elif p is None:
+            unreadable.append(f)
+            if d.decision in ("ship", "keep_running"):
+                notes.append(f"{d.treatment} (segment {d.segment!r}): its stored final decision is "
+                             f"unreadable: keep_running, never ship, until an operator removes it")
+                d = d._replace(decision="keep_running")
+        elif p[0] == NO_SHIP:
+            if d.decision == FINAL:
+                new[f] = f"{FINAL} {now_ms}"
+            elif d.decision in ("ship", "keep_running"):
+                notes.append(f"{d.treatment} (segment {d.segment!r}): its running statistics were unreadable "
+                             f"at {_when(p[1])} and began again: never ship (do_not_ship can still be reached), "
+                             f"until an operator removes the stored no_ship")
+                d = d._replace(decision="keep_running")
+        elif d.decision != "invalid_srm":
+            if d.decision != FINAL:
+                notes.append(f"{d.treatment} (segment {d.segment!r}): do_not_ship since {_when(p[1])}, "
+                             f"stored (final for this baseline and ab.start, across ramps and redeclarations)")
+            d = d._replace(decision=FINAL)
         out.append(d)
     return tuple(out), new, tuple(notes), unreadable
 
 
-def applied(store: Store, unreadable: Unreadable, experiment: str, saved: Mapping[str, Mapping[str, str]],
-            decisions: Iterable[Decision], now_ms: int) -> tuple[tuple[Decision, ...], dict[str, str], tuple[str, ...]]:
-    """`apply` with the stored final decisions, what this process saved (`saved`, by state
-    key) winning over a store that lost it; an unreadable one counted."""
-    k = key(experiment)
-    in_store, mine = store.load_running(k), saved.get(k, {})
-    decisions, reached, notes, bad = apply(decisions, {**in_store, **mine}, now_ms)
-    # One this process stored and the store lost (put back to an older copy): stored again,
-    # or the next process to look would not know it.
-    reached.update({f: text for f, text in mine.items() if f not in in_store and since_ms(text) is not None})
+def applied(store: Store, unreadable: Unreadable, comparison: str, experiment: str,
+            saved: Mapping[str, Mapping[str, str]], decisions: Iterable[Decision], now_ms: int,
+            lost: Iterable[str] = ()) -> tuple[tuple[Decision, ...], dict[str, str], tuple[str, ...]]:
+    """`apply` with the stored final decisions of the comparison (and an earlier release's,
+    of the experiment), what this process saved (`saved`, by state key) winning over a
+    store that lost it; an unreadable one counted."""
+    k = key(comparison)
+    current = store.load_running(k)
+    in_store, mine = {**store.load_running(key(experiment)), **current}, saved.get(k, {})
+    decisions, reached, notes, bad = apply(decisions, {**in_store, **mine}, now_ms, lost)
+    # One this process stored and the store lost (put back to an older copy), or one an
+    # earlier release stored under the experiment: stored (again) under the comparison.
+    reached.update({f: text for f, text in {**in_store, **mine}.items()
+                    if f not in current and f not in reached and parsed(text) is not None})
     for f in bad:
-        unreadable.skip("experiment", f"ab:running:{k}", f, "not do_not_ship and a time")
+        unreadable.skip("experiment", f"ab:running:{k}", f, "not do_not_ship or no_ship and a time")
     return decisions, reached, notes

@@ -80,16 +80,29 @@ class Phase:
             out.append("ab.split changed without a new ab.split_since: impressions applied since are "
                        "enrolled by when they were read, not when they were shown (set ab.split_since "
                        f"to the time the split took effect); other splits stored: {len(others)}")
-        mine = self.name.rsplit("@", 1)[1].split("+")[0]
-        declarations = {tag for split, unit, tag in same_start if split == self.phase.split
-                        and unit == self.phase.unit and tag.split("+")[0] == mine}
+        measures, declaration, cuped = _tag(self.name.rsplit("@", 1)[1])
+        tags = [_tag(tag) for split, unit, tag in same_start if split == self.phase.split
+                and unit == self.phase.unit and _tag(tag)[0] == measures]
+        declarations = {d for _, d, _ in tags if d != declaration}
         if declarations:
             out.append("the declared decision changed (ab.primary, ab.guardrails or ab.alpha): a new experiment, "
                        "whose statistics and decision count only impressions enrolled since; the earlier "
                        f"declaration's stays stored (other declarations of this phase: {len(declarations)})")
+        if any(c != cuped for _, d, c in tags if d == declaration):
+            out.append(f"ab.cuped was turned {'on' if cuped else 'off'} in this phase: a new experiment (the adjusted "
+                       "and the unadjusted comparison are two tests), whose statistics and decision count only "
+                       "impressions enrolled since; a do_not_ship reached before stays (pipeline/final.py)")
         units = sorted({unit for split, unit, _ in same_start if split == self.phase.split and unit != self.phase.unit})
         if units:
             out.append(f"the same phase is stored with ab.unit {', '.join(units)} too: another replica or an "
                        f"earlier configuration; these results hold only this configuration's share "
                        f"(changing ab.unit is a restart: set a new ab.split_since)")
         return tuple(out)
+
+
+def _tag(tag: str) -> tuple[str, str, str]:
+    """An experiment name's last part: (measures hash, declaration hash, cuped), each
+    possibly empty (ab/identity.py `Phase.name`)."""
+    measures, *rest = tag.split("+")
+    cuped = next((t for t in rest if t.startswith("cuped")), "")
+    return measures, next((t for t in rest if not t.startswith("cuped")), ""), cuped
