@@ -1,5 +1,5 @@
-"""CUPED on the pipeline (pipeline/covariates.py): the pre-period table is built from the
-queries shown before ab.start and frozen at it, each enrolled query's covariate is its
+"""CUPED on the pipeline (pipeline/covariates.py): the pre-period table is built by event
+time from the queries shown before ab.start (tests/test_ab_cuped_period.py), each enrolled query's covariate is its
 text's pre-period mean, and a look's adjusted comparison equals statsmodels OLS computed
 independently from the same events."""
 
@@ -18,6 +18,7 @@ from rankmeter.pipeline.covariates import PRE
 from test_ab_pipeline import NOW_MS, an_experiment, feed
 
 START_MS = NOW_MS - 600_000
+HOUR_MS = 3_600_000
 TEXTS = 60
 
 
@@ -32,7 +33,8 @@ def events(seed: int, pre: int, during: int):
         phase = "pre" if q < pre else "during"
         qid, text = f"q{q}", rnd.randrange(TEXTS)
         ranker = rnd.choice(["base", "new"])
-        t = START_MS - 300_000 + rnd.randrange(250_000) if phase == "pre" else START_MS + rnd.randrange(400_000)
+        # (pre-period: 1 to 3 hours before the start, beyond the attribution window and its grace)
+        t = START_MS - 3 * HOUR_MS + rnd.randrange(2 * HOUR_MS) if phase == "pre" else START_MS + rnd.randrange(400_000)
         results = [f"d{j}" for j in range(10)]
         lift = 0.1 if ranker == "new" and phase == "during" else 0.0
         clicked = [d for d in results if rnd.random() < 0.3 * propensity[text] + lift]
@@ -49,14 +51,7 @@ def test_the_adjusted_comparison_equals_ols_on_the_pre_period_covariate():
     pre, during, truth = events(8, 1500, 1500)
     feed(s.pipeline, s.bus, pre)
     feed(s.pipeline, s.bus, during)
-    tables = {p: ps.ab[PRE].copy() for p, ps in s.pipeline.partitions.items() if PRE in ps.ab}
-    assert tables
-    # A click at or after the start on a pre-period query moves nothing: the table is frozen.
-    late = next(q for q, (phase, *_rest) in truth.items() if phase == "pre")
-    feed(s.pipeline, s.bus, [("feedback", late, {"query_id": late, "action": "click", "doc_id": "d9",
-                                                  "timestamp": START_MS + 500_000})])
-    assert all(np.array_equal(ps.ab[PRE], tables[p]) for p, ps in s.pipeline.partitions.items() if PRE in ps.ab)
-
+    assert any(PRE in ps.ab for ps in s.pipeline.partitions.values())
     look = s.pipeline.experiments.look()
     [c] = [c for c in look.comparisons if c.metric == "Clicks" and c.average == "macro"]
     # Independently: each text bucket's mean clicks before the start (texts whose hashes
