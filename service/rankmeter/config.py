@@ -131,7 +131,7 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     # The declared decision (ab/declared.py): "nDCG@10 increase"; guardrails "Abandonment 0.01", "CTR micro 2%".
     primary: list[str] = []
     guardrails: list[str] = []
-    # CUPED (ab/cuped.py): macro comparisons adjusted by the query text's pre-period mean.
+    # CUPED (ab/cuped.py): macro comparisons adjusted by the query text's (or user's) pre-period mean.
     cuped: bool = False
     cuped_buckets: int = 65_536   # hash buckets of the pre-period table (collisions merge texts, or users)
     cuped_covariate: str = "text"  # x: the query text's pre-period mean, or (ab.unit: user) the user's
