@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rankmeter.pipeline.covariates import PRE
 
@@ -116,3 +118,34 @@ def test_a_record_of_an_earlier_release_decodes_with_no_feedback_time():
     older = msgspec.msgpack.encode(msgspec.msgpack.decode(msgspec.msgpack.encode(record))[:-2])
     decoded = msgspec.msgpack.decode(older, type=QueryRecord)
     assert decoded.pre_contribution == b"x" * 16 and decoded.feedback_ms == 0 and decoded.pre_user_contribution == b""
+
+
+def loop_sums(means, pooled, keys, columns, values):
+    """The covariate sums one query and measure at a time (the loop `covariate_sums` replaced)."""
+    out = np.zeros((len(keys), len(columns), 3))
+    for i, b in enumerate(keys):
+        for k, c in enumerate(columns):
+            if c is None or np.isnan(values[i, c]):
+                continue
+            x = means[b, c] if b >= 0 else pooled[c]
+            if not np.isfinite(x * x * values[i, c]):
+                continue
+            out[i, k] = (x, x * x, x * values[i, c])
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), queries=st.integers(0, 30), buckets=st.integers(1, 8),
+       measures=st.integers(1, 5), huge=st.booleans())
+def test_the_vectorised_covariate_sums_equal_the_loop(seed, queries, buckets, measures, huge):
+    from rankmeter.pipeline.covariates import covariate_sums
+
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(buckets, measures)) * (1e160 if huge else 1.0)   # (x²y past floats: left out)
+    pooled = rng.normal(size=measures)
+    keys = rng.integers(-1, buckets, size=queries)
+    values = np.where(rng.random((queries, measures)) < 0.3, np.nan, rng.normal(size=(queries, measures)))
+    columns = [None if rng.random() < 0.2 else int(rng.integers(measures)) for _ in range(measures + 1)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = loop_sums(means, pooled, keys, columns, values)
+    assert np.array_equal(covariate_sums(means, pooled, keys, columns, values), want)

@@ -208,3 +208,20 @@ def test_an_unreadable_user_table_is_left_out_and_counted():
     look = s.pipeline.experiments.look()
     assert any(np.isfinite(c.variance_reduction) and c.variance_reduction > 0 for c in look.comparisons)
     assert s.pipeline.experiments.unreadable.counts["experiment"] == before + 1
+
+
+def test_a_look_reads_the_arm_sums_without_the_pre_period_table():
+    """The table (9.4 MB a partition by default) is read once per process, by the
+    covariate; the looks after it read the A/B sums without it."""
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(8, 300, 300)
+    feed(s.pipeline, s.bus, pre)
+    feed(s.pipeline, s.bus, during)
+    assert PRE in s.store.ab[0] or PRE in s.store.ab[1]
+    want = s.pipeline.experiments.look().comparisons
+    read = []
+    load = s.store.load_ab
+    s.store.load_ab = lambda *args, **kwargs: read.append(found := load(*args, **kwargs)) or found
+    assert [c.estimate for c in s.pipeline.experiments.look().comparisons] == [c.estimate for c in want]
+    assert read and not any(PRE in fields for found in read for fields in found.values())
+    assert any(f.endswith("\x1fnew\x1f") for found in read for fields in found.values() for f in fields)

@@ -12,7 +12,8 @@ A/B sums (`PRE`, or `PRE_USER` for users: three parts, so a version without CUPE
 it, as it does `PAIRS`), moved by each pre-period query's new minus old values (kept in
 its record), and stored with the partition's checkpoint, before its offsets are
 committed to Kafka; the partitions' tables add up. Memory: 16 bytes × buckets × measures
-per partition (65,536 buckets, 9 measures: 9.4 MB), read by a process once.
+per partition (65,536 buckets, 9 measures: 9.4 MB), read by a process once (a look
+reads the A/B sums without it).
 
 The pre-period, by event time alone (never by when an event is read: the table must not
 depend on batch boundaries, a rebuilt partition or a replica's lag). A query counts if
@@ -176,7 +177,7 @@ class Covariates:
         if self._means is None:
             total = np.zeros((self.buckets, self.measures, 2))
             field = self.field
-            stored = self.store.load_ab(self.store.partitions())
+            stored = self.store.load_ab(self.store.partitions(), only=(field,))
             for p, ps in list(self.held.items()):   # a held partition's own table: newer than its checkpoint
                 if field in ps.ab:
                     stored[p] = {**stored.get(p, {}), field: ps.ab[field].tobytes()}
