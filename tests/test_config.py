@@ -48,6 +48,9 @@ def test_config_file_from_environment(tmp_path):
     ({"RANKMETER_AB_START": "2026-12-01 09:00"}, "ab.start: '2026-12-01 09:00' has no time zone"),
     ({"RANKMETER_AB_CUPED": "true"}, "ab.cuped: needs an experiment (ab.baseline, ab.start)"),
     ({"RANKMETER_AB_CUPED_BUCKETS": "1"}, "ab.cuped_buckets: must be from 2 to 1048576"),
+    ({"RANKMETER_AB_CUPED_COVARIATE": "session"}, "ab.cuped_covariate: must be text"),
+    ({"RANKMETER_AB_BASELINE": "a", "RANKMETER_AB_START": "0", "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_CUPED": "true",
+      "RANKMETER_AB_CUPED_COVARIATE": "user"}, "ab.cuped_covariate: user needs ab.unit: user"),
 ])
 def test_bad_settings_name_the_setting(env, message):
     with pytest.raises(config.ConfigError) as e:

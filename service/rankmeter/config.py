@@ -131,9 +131,10 @@ class AB(msgspec.Struct, forbid_unknown_fields=True):
     # The declared decision (ab/declared.py): "nDCG@10 increase"; guardrails "Abandonment 0.01", "CTR micro 2%".
     primary: list[str] = []
     guardrails: list[str] = []
-    # CUPED (ab/cuped.py): macro comparisons adjusted by the query text's pre-period mean.
+    # CUPED (ab/cuped.py): macro comparisons adjusted by the query text's (or user's) pre-period mean.
     cuped: bool = False
-    cuped_buckets: int = 65_536   # query-text hash buckets of the pre-period table (collisions merge texts)
+    cuped_buckets: int = 65_536   # hash buckets of the pre-period table (collisions merge texts, or users)
+    cuped_covariate: str = "text"  # x: the query text's pre-period mean, or (ab.unit: user) the user's
 
 
 class Alerts(msgspec.Struct, forbid_unknown_fields=True):
@@ -321,6 +322,10 @@ def _check(s: Settings) -> None:
         fail("ab.cuped_buckets", f"must be from 2 to {MAX_CUPED_BUCKETS} (16 bytes a bucket and measure)")
     if s.ab.cuped and not s.ab.baseline:
         fail("ab.cuped", "needs an experiment (ab.baseline, ab.start): its covariate is the pre-period before ab.start")
+    if s.ab.cuped_covariate not in ("text", "user"):
+        fail("ab.cuped_covariate", "must be text (the query text's pre-period mean) or user (the user's)")
+    if s.ab.cuped_covariate == "user" and s.ab.unit != "user":
+        fail("ab.cuped_covariate", "user needs ab.unit: user (a user's pre-period mean, with users assigned whole)")
     if any(share <= 0 for share in s.ab.split.values()):
         fail("ab.split", "shares must be > 0")
     if s.ab.baseline and not s.ab.start:

@@ -56,6 +56,12 @@ class QueryRecord(msgspec.Struct, array_like=True):
     # to its arm's covariate sums ([definition measures, 3]: Σx, Σx², Σxy).
     pre_contribution: bytes = b""
     cuped_contribution: bytes = b""
+    # The latest timestamp of the query's feedback (clicks, judgments, other signals;
+    # applied or late, impression events aside): one at or after ab.start takes the query
+    # out of the pre-period table for good (0: none yet, or a record of an earlier release).
+    feedback_ms: int = 0
+    # What a pre-period query adds to its user's bucket of the user table (ab.cuped_covariate: user).
+    pre_user_contribution: bytes = b""
 
     @property
     def assembling(self) -> bool:
@@ -149,6 +155,8 @@ def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribu
     if len(record.event_ids) >= max_events:
         return "flooded"
     record.event_ids.add(feedback.event_id)
+    if feedback.action != IMPRESSION_ACTION:
+        record.feedback_ms = max(record.feedback_ms, feedback.timestamp_ms)
     if feedback.action == IMPRESSION_ACTION:
         if record.impression is None:
             record.shown.append((feedback.position, feedback.doc_id, feedback.timestamp_ms))

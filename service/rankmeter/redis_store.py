@@ -28,13 +28,13 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter import redis_users
+from rankmeter import redis_hashes, redis_users
 from rankmeter.ab import hll
 from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, numbers
 
@@ -320,13 +320,11 @@ class RedisStore:
     def load_users(self, wanted: Mapping[int, list[str]]) -> dict[int, dict[str, bytes]]:
         return redis_users.load(self.client, self.prefix, wanted)
 
-    def load_ab(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
+    def load_ab(self, partitions: Iterable[int], only: Collection[str] | None = None,
+                without: Collection[str] = ()) -> dict[int, dict[str, bytes]]:
         partitions = list(partitions)
-        with self.client.pipeline(transaction=False) as pipe:
-            for p in partitions:
-                pipe.hgetall(self._key(p, "ab"))
-            found = pipe.execute()
-        return {p: {k.decode(): v for k, v in sums.items()} for p, sums in zip(partitions, found)}
+        return dict(zip(partitions, redis_hashes.load(self.client, [self._key(p, "ab") for p in partitions],
+                                                      only, without)))
 
     def load_running(self, experiment: str) -> dict[str, str]:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")

@@ -34,7 +34,8 @@ def stream(seed: int, pre: int, during: int, start: int):
     for q in range(pre + during):
         phase = "pre" if q < pre else "during"
         qid, text, ranker = f"c{seed}-{q}", rnd.randrange(TEXTS), (NEW if q % 2 else BASE)
-        t = start - 250_000 + rnd.randrange(200_000) if phase == "pre" else start + rnd.randrange(200_000)
+        # (the pre-period: 1 to 3 hours before the start, past the attribution window and its grace)
+        t = start - 3 * 3_600_000 + rnd.randrange(2 * 3_600_000) if phase == "pre" else start + rnd.randrange(200_000)
         results = [f"doc{n}" for n in rnd.sample(range(300), 10)]
         lift = 0.05 if (phase, ranker) == ("during", NEW) else 0.0
         clicked = [d for d in results if rnd.random() < 0.4 * propensity[text] + lift]
@@ -81,8 +82,8 @@ def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bo
     env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "query", "RANKMETER_AB_START": str(start),
            "RANKMETER_AB_MIXTURE_AFTER": "0s", "RANKMETER_AB_CUPED": "true",
            "RANKMETER_AB_PRIMARY": "Clicks increase"}
-    # The pre-period alone first: every pre-period event is in the table before any event of
-    # the experiment is read (a partition's table freezes once it reads one).
+    # The pre-period alone first: every pre-period event is in the table before the new
+    # process reads it, once, to adjust its first enrolled query.
     impressions, feedback = phases["pre"]
     produce(kafka_bootstrap, topics.impressions, impressions)
     produce(kafka_bootstrap, topics.feedback, feedback)
@@ -113,3 +114,71 @@ def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bo
     assert got["rankmeter_ab_delta"] == pytest.approx(want["delta"], abs=1e-9)
     assert got["rankmeter_ab_variance_reduction"] == pytest.approx(want["variance_reduction"], abs=1e-9)
     assert abs(want["delta"] - want["raw"]) > 1e-6   # (adjusted: not the raw difference)
+
+
+def test_the_user_covariate_gives_the_ols_difference_end_to_end(kafka_bootstrap, redis_url, tmp_path: Path):
+    """ab.cuped_covariate: user with ab.unit: user: x is the user's pre-period mean of
+    Clicks (the user's hash modulo 65,536), the pooled mean for a user without one."""
+    from rankmeter.ab.clusters import user_hash
+
+    start = int(time.time() * 1000) - 300_000
+    rnd = random.Random(34)
+    users = 200
+    propensity = [rnd.random() for _ in range(users)]
+    phases: dict[str, tuple[list, list]] = {"pre": ([], []), "during": ([], [])}
+    truth = []
+    for q in range(4000):
+        phase = "pre" if q < 2000 else "during"
+        user = rnd.randrange(users * 9 // 10) if phase == "pre" else rnd.randrange(users)   # (a tenth: none before)
+        qid, ranker = f"u{q}", (NEW if user % 2 else BASE)
+        t = start - 3 * 3_600_000 + rnd.randrange(2 * 3_600_000) if phase == "pre" else start + rnd.randrange(200_000)
+        results = [f"doc{n}" for n in rnd.sample(range(300), 10)]
+        lift = 0.05 if (phase, ranker) == ("during", NEW) else 0.0
+        clicked = [d for d in results if rnd.random() < 0.4 * propensity[user] + lift]
+        impressions, feedback = phases[phase]
+        impressions.append((qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
+                                  "client_id": f"user-{user}"}))
+        feedback += [(qid, {"query_id": qid, "doc_id": d, "timestamp": t + 1000, "action": "click",
+                            "event_id": f"{qid}-{d}"}) for d in clicked]
+        truth.append((phase, ranker, user_hash(f"user-{user}") % 65_536, len(clicked)))
+    pre: dict[int, list[int]] = {}
+    for phase, _, where, clicks in truth:
+        if phase == "pre":
+            pre.setdefault(where, []).append(clicks)
+    pooled = float(np.mean([c for v in pre.values() for c in v]))
+    rows = [(ranker == NEW, np.mean(pre.get(where, [pooled])), clicks)
+            for phase, ranker, where, clicks in truth if phase == "during"]
+    arm, x, y = (np.array(c, dtype=float) for c in zip(*rows))
+    delta = sm.OLS(y, np.column_stack([np.ones_like(y), arm, x])).fit().params[1]
+
+    topics = unique_topics(kafka_bootstrap)
+    group, prefix = f"g-{uuid.uuid4().hex[:6]}", f"rm-{uuid.uuid4().hex[:6]}"
+    env = {"RANKMETER_AB_BASELINE": BASE, "RANKMETER_AB_UNIT": "user", "RANKMETER_AB_START": str(start),
+           "RANKMETER_AB_MIXTURE_AFTER": "0s", "RANKMETER_AB_CUPED": "true", "RANKMETER_AB_CUPED_COVARIATE": "user"}
+    for phase, name in (("pre", "pre.log"), ("during", "serve.log")):
+        impressions, feedback = phases[phase]
+        produce(kafka_bootstrap, topics.impressions, impressions)
+        produce(kafka_bootstrap, topics.feedback, feedback)
+        serve = Serve(kafka_bootstrap, redis_url, topics, group, prefix, env, log_path=tmp_path / name).start()
+        with serve:
+            if phase == "pre":
+                serve.wait_for_events(len(impressions) + len(feedback))
+                wait_until(lambda: sum(v for (n, _), v in serve.metrics().items() if n == "rankmeter_consumer_lag") == 0,
+                           60, "the pre-period to be consumed")
+                continue
+
+            def clicks() -> dict:
+                got = {}
+                for (series, labels), v in ab_series(serve).items():
+                    d = dict(labels)
+                    if d.get("metric") == "Clicks" and d.get("average") == "macro":
+                        got[series] = v
+                    if series == "rankmeter_ab_queries":
+                        got[f"queries {d['ranker']}"] = v
+                return got
+
+            wait_until(lambda: clicks().get("queries new", 0) + clicks().get("queries base", 0) == len(y)
+                       and "rankmeter_ab_variance_reduction" in clicks(), 90, "the experiment to be consumed")
+            got = clicks()
+    assert got["rankmeter_ab_delta"] == pytest.approx(delta, abs=1e-9)
+    assert got["rankmeter_ab_variance_reduction"] > 0.2

@@ -165,3 +165,19 @@ def test_the_first_definition_of_an_experiment_wins_and_one_of_another_type_is_r
     assert store.define_experiment("g", '["a#1"]') == ""
     assert store.define_experiment("g", '["a#1"]', replace=True) == '["a#1"]'
     assert store.define_experiment("g", '["c"]') == '["a#1"]'
+
+
+def test_the_ab_sums_read_whole_only_some_or_without_some_as_in_memory(store):
+    """A look reads the A/B sums without the CUPED table (`without`), the covariate only
+    the table (`only`): the same fields as the memory store, the others never sent."""
+    from rankmeter.store import MemoryStore
+
+    memory = MemoryStore()
+    fields = {"e\x1fa\x1f": b"z" * 8, "cuped\x1f\x1fpre": b"t" * 16, "propensity\x1f\x1fpairs": b"p" * 8}
+    for s in (store, memory):
+        s.commit([checkpoint(s.claim(0).epoch, ab=fields)])
+    for kwargs in ({}, {"only": ("cuped\x1f\x1fpre",)}, {"without": ("cuped\x1f\x1fpre", "propensity\x1f\x1fpairs")},
+                   {"only": ("missing", "e\x1fa\x1f")}, {"only": ()}):
+        assert store.load_ab([0, 1], **kwargs) == memory.load_ab([0, 1], **kwargs), kwargs
+    assert store.load_ab([0], without=("cuped\x1f\x1fpre",)) == {0: {"e\x1fa\x1f": b"z" * 8,
+                                                                      "propensity\x1f\x1fpairs": b"p" * 8}}

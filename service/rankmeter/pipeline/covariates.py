@@ -1,29 +1,36 @@
-"""CUPED's covariate (ab/cuped.py, `ab.cuped`): each query text's mean value per measure
-before `ab.start`, and the per-arm sums Σx, Σx², Σxy beside the A/B sums.
+"""CUPED's covariate (ab/cuped.py, `ab.cuped`): each query's pre-period mean value per
+measure (of its query text, or with `ab.cuped_covariate: user` of its user), and the
+per-arm sums Σx, Σx², Σxy beside the A/B sums.
 
 The pre-period table. A query text is known by the hash the position-bias harvest keeps
-(`events.query_hash`: case and spacing folded); it lands in one of `ab.cuped_buckets`
-buckets (the hash modulo B), each holding (queries counted, Σ value) per measure of the
-A/B layout. Texts that collide merge: the covariate is weaker, never invalid (it is still
-a function of pre-period data alone). Each partition keeps its share as one field of its
-A/B sums (`PRE`: three parts, so a version without CUPED skips it, as it does `PAIRS`),
-moved by each pre-period query's new minus old values (kept in its record), and stored
-with the partition's checkpoint, before its offsets are committed to Kafka; the
-partitions' tables add up. Memory: 16 bytes × buckets × measures per partition (65,536
-buckets, 9 measures: 9.4 MB), read by each look with the A/B sums.
+(`events.query_hash`: case and spacing folded), a user by the 64-bit hash of its
+client_id (`Impression.user_hash`); either lands in one of `ab.cuped_buckets` buckets
+(the hash modulo B), each holding (queries counted, Σ value) per measure of the A/B
+layout. Keys that collide merge: the covariate is weaker, never invalid (it is still a
+function of pre-period data alone). Each partition keeps its share as one field of its
+A/B sums (`PRE`, or `PRE_USER` for users: three parts, so a version without CUPED skips
+it, as it does `PAIRS`), moved by each pre-period query's new minus old values (kept in
+its record), and stored with the partition's checkpoint, before its offsets are
+committed to Kafka; the partitions' tables add up. Memory: 16 bytes × buckets × measures
+per partition (65,536 buckets, 9 measures: 9.4 MB), read by a process once (a look
+reads the A/B sums without it).
 
-Frozen at `ab.start`: only queries shown before it count, and a partition's table stops
-moving once any of its topics has reached `ab.start` (a later click on a pre-period query
-must not carry the treatment's effect into the covariate). A pre-period event read after
-that is left out: a smaller sample, never a contaminated one.
+The pre-period, by event time alone (never by when an event is read: the table must not
+depend on batch boundaries, a rebuilt partition or a replica's lag). A query counts if
+its impression was shown at least the attribution window plus its grace before
+`ab.start` (its clicks are then all in before the start) and none of its feedback has a
+timestamp at or after `ab.start` (`QueryRecord.feedback_ms`; a late judgment of the
+treatment period takes the query out: its contribution goes back to 0, for good). Values
+are kept on a grid of 2⁻²⁰ so that sums are exact (below 2³³): the table is the same bit
+for bit however its queries were batched, added and taken back.
 
-During the experiment a query's x per measure is its text bucket's mean over every
-partition's table, read once when this process first needs it (the tables are frozen by
-then; a process started later may read a partition that had more of its pre-period in:
-x stays a function of pre-period data, and each query's contribution is taken back as
-it was added). A text without pre-period data gets the table's pooled mean: x − x̄ ≈ 0,
-so it is adjusted by almost nothing. An unreadable table (another size: another
-`ab.cuped_buckets` or layout) is left out and counted (rankmeter_store_unreadable_total).
+During the experiment a query's x per measure is its key's bucket mean over every
+partition's table, read once when this process first needs it (a process started later
+may read a table with more of the pre-period in: x stays a function of pre-period data,
+and each query's contribution is taken back as it was added). A key without pre-period
+data (or none: no text, no client_id) gets the table's pooled mean: x − x̄ ≈ 0, so it is
+adjusted by almost nothing. An unreadable table (another size: another `ab.cuped_buckets`
+or layout) is left out and counted (rankmeter_store_unreadable_total).
 """
 
 from __future__ import annotations
@@ -33,15 +40,17 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from rankmeter.ab.cuped import COVARIATE_SLOTS
-from rankmeter.config import Settings, time_ms
+from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.store import Store
 from rankmeter.unreadable import Unreadable
 
-PRE = "cuped\x1f\x1fpre"   # a partition's pre-period table, with its A/B sums
+PRE = "cuped\x1f\x1fpre"            # a partition's pre-period table by query text, with its A/B sums
+PRE_USER = "cuped\x1f\x1fpre-user"  # ... by user (ab.cuped_covariate: user)
 SUFFIX = "#cuped"          # an arm's covariate sums: the experiment's name + SUFFIX, ranker, segment[, bucket]
+QUANTUM = 2.0 ** -20       # the grid of the table's values: sums exact whatever their order
 
 
 def bucket(query_hash: str, buckets: int) -> int:
@@ -52,49 +61,81 @@ def bucket(query_hash: str, buckets: int) -> int:
         return -1
 
 
+def covariate_sums(means: np.ndarray, pooled: np.ndarray, keys: np.ndarray, columns: list[int | None],
+                   values: np.ndarray) -> np.ndarray:
+    """[Q, definition measures, 3]: each query's x, x², xy per measure of the definition
+    (`columns`: its column in the A/B layout, None: not computed here, 0), where the query
+    counts (its value not nan); x its key's bucket mean (`means` [buckets, measures]), the
+    pooled mean for a query without a key (-1)."""
+    x_all = np.where((keys >= 0)[:, None], means[np.maximum(keys, 0)], pooled) if len(keys) else means[:0]
+    out = np.zeros((len(keys), len(columns), COVARIATE_SLOTS))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k, c in enumerate(columns):
+            if c is None:
+                continue
+            x, y = x_all[:, c], values[:, c]
+            ok = ~np.isnan(y) & np.isfinite(x * x * y)   # (tables that add up past floats: left out)
+            out[ok, k] = np.stack([x, x * x, x * y], -1)[ok]
+    return out
+
+
 class Covariates:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState], measures: int,
                  unreadable: Unreadable) -> None:
-        self.on = settings.ab.cuped and bool(settings.ab.start)
-        self.start_ms = time_ms(settings.ab.start) if self.on else 0
-        self.buckets = settings.ab.cuped_buckets
+        a, w = settings.ab, settings.windows
+        self.on = a.cuped and bool(a.start)
+        self.start_ms = time_ms(a.start) if self.on else 0
+        # Shown this early, a query's clicks are all in before the start (attribution + grace).
+        self.shown_by_ms = self.start_ms - duration_ms(w.attribution) - duration_ms(w.grace)
+        self.by_user = a.cuped_covariate == "user"
+        self.field = PRE_USER if self.by_user else PRE
+        self.slot = "pre_user_contribution" if self.by_user else "pre_contribution"  # (its QueryRecord field)
+        self.buckets = a.cuped_buckets
         self.measures = measures   # the A/B layout's columns
         self.store, self.held, self.unreadable = store, held, unreadable
-        self._means: np.ndarray | None = None   # [buckets, measures], once read
+        self._means: tuple[np.ndarray, np.ndarray] | None = None   # [buckets, measures], [measures], once read
 
     @property
     def size(self) -> int:
         return self.buckets * self.measures * 2
 
+    def key(self, record: QueryRecord) -> int:
+        """The table bucket of a query: its text's, or its user's; -1 without one."""
+        impression = record.impression
+        if impression is None:
+            return -1
+        if self.by_user:
+            return impression.user_hash % self.buckets if impression.user_hash >= 0 else -1
+        return bucket(impression.query_hash, self.buckets)
+
+    def counts(self, record: QueryRecord, enrolled: bool) -> bool:
+        """In the pre-period table: shown early enough, no feedback from the start on, in no experiment."""
+        return (record.impression is not None and record.impression.timestamp_ms <= self.shown_by_ms
+                and record.feedback_ms < self.start_ms and not enrolled)
+
     def observe(self, partition: int, records: list[QueryRecord], values: np.ndarray,
                 enrolled: Callable[[QueryRecord], bool]) -> None:
-        """Pre-period queries of one partition into its table: values [Q, measures] of the
-        A/B layout (nan: not counted)."""
+        """Pre-period queries of one partition into its table, by their new minus old
+        values [Q, measures] of the A/B layout (nan: not counted); a query no longer
+        counted is taken out."""
         ps = self.held[partition]
-        if not self.on or (ps.watermarks and max(ps.watermarks.values()) >= self.start_ms):
-            return   # frozen
-        table = ps.ab.get(PRE)
-        if table is None or len(table) != self.size:
-            table = ps.ab[PRE] = np.zeros(self.size)
-        cells = table.reshape(self.buckets, self.measures, 2)
-        moved = False
+        width = 16 * self.measures
+        cells = None
         for record, row in zip(records, values):
-            impression = record.impression
-            if impression is None or impression.timestamp_ms >= self.start_ms or enrolled(record):
-                continue
-            b = bucket(impression.query_hash, self.buckets)
-            if b < 0:
-                continue
-            counted = ~np.isnan(row)
-            new = np.stack([counted, np.where(counted, row, 0.0)], -1)
-            old = np.frombuffer(record.pre_contribution).reshape(-1, 2) if record.pre_contribution else 0.0
-            if record.pre_contribution and len(record.pre_contribution) != new.nbytes:
-                continue   # another layout's: cannot be taken back
-            cells[b] += new - old
-            record.pre_contribution = new.tobytes()
-            moved = True
-        if moved:
-            ps.dirty_ab.add(PRE)
+            old: bytes = getattr(record, self.slot)
+            counted = self.counts(record, enrolled(record))
+            b = self.key(record)
+            if not (counted or old) or b < 0 or (old and len(old) != width):
+                continue   # (another layout's contribution: cannot be taken back)
+            if cells is None:
+                table = ps.ab.get(self.field)
+                if table is None or len(table) != self.size:
+                    table = ps.ab[self.field] = np.zeros(self.size)
+                cells = table.reshape(self.buckets, self.measures, 2)
+            new = _cell(row) if counted else np.zeros((self.measures, 2))
+            cells[b] += new - (np.frombuffer(old).reshape(-1, 2) if old else 0.0)
+            setattr(record, self.slot, new.tobytes() if counted else b"")
+            ps.dirty_ab.add(self.field)
 
     def observe_batch(self, keys: list[Touched], records: list[QueryRecord], values: np.ndarray) -> None:
         """A batch's pre-period queries into their partitions' tables."""
@@ -129,59 +170,51 @@ class Covariates:
             ps.dirty_ab.add(field)
             record.cuped_contribution = vector.tobytes()
 
-    def means(self) -> np.ndarray:
-        """[buckets, measures] pre-period means over every partition's table; a bucket
-        without queries gets the pooled mean (0 with no table: a constant, no adjustment)."""
+    def means(self) -> tuple[np.ndarray, np.ndarray]:
+        """[buckets, measures] pre-period means over every partition's table, a bucket
+        without queries given the pooled mean; and the pooled mean [measures] (0 with no
+        table: a constant, no adjustment)."""
         if self._means is None:
             total = np.zeros((self.buckets, self.measures, 2))
-            stored = self.store.load_ab(self.store.partitions())
+            field = self.field
+            stored = self.store.load_ab(self.store.partitions(), only=(field,))
             for p, ps in list(self.held.items()):   # a held partition's own table: newer than its checkpoint
-                if PRE in ps.ab:
-                    stored[p] = {**stored.get(p, {}), PRE: ps.ab[PRE].tobytes()}
+                if field in ps.ab:
+                    stored[p] = {**stored.get(p, {}), field: ps.ab[field].tobytes()}
             for p, fields in stored.items():
-                data = fields.get(PRE)
+                data = fields.get(field)
                 if data is None:
                     continue
                 if len(data) != 8 * self.size:
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE,
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
                                          f"{len(data)} bytes, not {8 * self.size} (ab.cuped_buckets × measures × 16)")
                     continue
                 table = np.frombuffer(data).reshape(self.buckets, self.measures, 2)
                 counts = table[..., 0]
                 if not np.isfinite(table).all() or (counts < 0).any() or (counts != np.round(counts)).any():
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PRE,
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
                                          "a count below 0 or not whole, or a value not finite")
                     continue
                 total += table
             n, s = total[..., 0], total[..., 1]
             pooled = np.divide(s.sum(0), n.sum(0), out=np.zeros(self.measures), where=n.sum(0) > 0)
-            self._means = np.where(n > 0, s / np.where(n > 0, n, 1.0), pooled)
+            self._means = np.where(n > 0, s / np.where(n > 0, n, 1.0), pooled), pooled
         return self._means
 
     def forget(self) -> None:
         self._means = None
 
     def contributions(self, records: list[QueryRecord], columns: list[int | None], values: np.ndarray) -> np.ndarray:
-        """[Q, definition measures, 3]: each query's Σx, Σx², Σxy per measure of the
-        experiment's definition (`columns`: its column in the A/B layout, None: not
-        computed here, 0), for the measures the query counts."""
-        means = self.means()
-        out = np.zeros((len(records), len(columns), COVARIATE_SLOTS))
-        for i, record in enumerate(records):
-            b = bucket(record.impression.query_hash, self.buckets) if record.impression else -1
-            for k, c in enumerate(columns):
-                if c is None or np.isnan(values[i, c]):
-                    continue
-                # A text without a hash (none sent): the pooled mean, as one without pre-period data.
-                x = means[b, c] if b >= 0 else _pooled(means, c)
-                if not np.isfinite(x * x * values[i, c]):  # (tables that add up past floats: left out)
-                    continue
-                out[i, k] = (x, x * x, x * values[i, c])
-        return out
+        """[Q, definition measures, 3]: each query's Σx, Σx², Σxy (`covariate_sums`)."""
+        means, pooled = self.means()
+        keys = np.array([self.key(r) for r in records], dtype=np.int64)
+        return covariate_sums(means, pooled, keys, columns, values)
 
 
-def _pooled(means: np.ndarray, column: int) -> float:
-    return float(means[:, column].mean())
+def _cell(row: np.ndarray) -> np.ndarray:
+    """A pre-period query's (counted, value) per measure, its value on the table's grid."""
+    counted = ~np.isnan(row)
+    return np.stack([counted, np.where(counted, np.round(row / QUANTUM) * QUANTUM, 0.0)], -1)
 
 
 def arm_covariates(stored: Mapping[int, Mapping[str, bytes]], experiment: str, measures: int, by_user: bool,

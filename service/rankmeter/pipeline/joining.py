@@ -8,7 +8,7 @@ import heapq
 import zlib
 from collections.abc import Callable
 
-from rankmeter.config import Settings, duration_ms
+from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.events import IMPRESSION_ACTION, Impression
 from rankmeter.join import Attribution, QueryRecord, apply_feedback, apply_impression, complete, settle
 from rankmeter.pipeline.context import Batch, Touched
@@ -41,6 +41,8 @@ class Joining:
         # Queries harvested: those whose query_id hashes below this share (a deterministic
         # sample, the same on every replica and however the stream is batched).
         self.harvest_below = int(settings.debias.harvest_share * 2 ** 32)
+        # CUPED: feedback from ab.start on takes a query out of the pre-period table, late or not.
+        self.pre_until = time_ms(settings.ab.start) if settings.ab.cuped and settings.ab.start else None
 
     def apply(self, batch: Batch) -> None:
         """Apply events to their records (into `touched`); `changed` holds, per query with
@@ -83,8 +85,14 @@ class Joining:
                         self._settle(batch, key, record)
                     if outcome == "applied" and key not in changed:
                         changed[key] = set()
+                    if outcome == "late" and key not in changed and self._leaves_pre_period(record, event.timestamp_ms):
+                        changed[key] = set()  # evaluated again: pipeline/covariates.py takes it out
                     if outcome == "applied" and changed[key] is not None:
                         changed[key].add(event.doc_id)
+
+    def _leaves_pre_period(self, record: QueryRecord, timestamp_ms: int) -> bool:
+        return (self.pre_until is not None and timestamp_ms >= self.pre_until
+                and bool(record.pre_contribution or record.pre_user_contribution))
 
     def settle_due(self, batch: Batch) -> None:
         """Settle the lists found complete (`due`), and those whose query's attribution

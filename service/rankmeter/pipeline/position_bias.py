@@ -195,7 +195,7 @@ class PositionBias:
         if estimate_here and 0 in self.held:  # partition 0's holder, fenced by its claim
             size = vector_size(d.ranks)
             vectors = [upgrade(np.frombuffer(fields[PAIRS]), d.ranks)
-                       for fields in self.store.load_ab(self.store.partitions()).values()
+                       for fields in self.store.load_ab(self.store.partitions(), only=(PAIRS,)).values()
                        if PAIRS in fields and len(fields[PAIRS]) in (8 * size, 16 * d.ranks ** 2)]
             if not vectors:
                 return
