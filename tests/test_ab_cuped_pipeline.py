@@ -225,3 +225,29 @@ def test_a_look_reads_the_arm_sums_without_the_pre_period_table():
     assert [c.estimate for c in s.pipeline.experiments.look().comparisons] == [c.estimate for c in want]
     assert read and not any(PRE in fields for found in read for fields in found.values())
     assert any(f.endswith("\x1fnew\x1f") for found in read for fields in found.values() for f in fields)
+
+
+def test_an_arm_whose_covariate_sums_miss_a_partition_its_ab_sums_have_is_left_out():
+    """Review (final) F4: one partition's #cuped field unreadable (skipped, counted) left the
+    arm's n and Σy from every partition but Σx, Σxy from the others: a 29.7-se A/A delta.
+    The arm is now left out of the adjusted comparison (not compared), as is one whose
+    A/B sums miss a partition its covariate sums have."""
+    from rankmeter.ab import sums as ab_sums
+    from rankmeter.pipeline.covariates import arm_covariates
+    from rankmeter.pipeline.experiments import arm_vectors
+    size, e = ab_sums.size(1), "exp"
+    ab, cov = np.ones(size).tobytes(), np.ones(3).tobytes()
+    stored = {p: {f"{e}\x1f{r}\x1f": ab for r in ("base", "new")} | {f"{e}#cuped\x1f{r}\x1f": cov for r in ("base", "new")}
+              for p in (0, 1)}
+    stored[1][f"{e}#cuped\x1fnew\x1f"] = b"short"       # unreadable on partition 1
+    del stored[0][f"{e}\x1fbase\x1f"]                   # and base's A/B sums missing on partition 0
+    counted: set = set()
+    skipped = []
+    arm_vectors(stored, e, size, False, lambda *a: False, lambda *a: skipped.append(a), counted)
+    got = arm_covariates(stored, e, 1, False, 128, lambda *a: skipped.append(a), counted)
+    assert got == {} and len(skipped) == 1
+    whole = {p: dict(fields) for p, fields in stored.items()}
+    whole[1][f"{e}#cuped\x1fnew\x1f"], whole[0][f"{e}\x1fbase\x1f"] = cov, ab
+    counted = set()
+    arm_vectors(whole, e, size, False, lambda *a: False, lambda *a: None, counted)
+    assert sorted(arm_covariates(whole, e, 1, False, 128, lambda *a: None, counted)) == [("base", ""), ("new", "")]

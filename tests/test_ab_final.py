@@ -24,6 +24,7 @@ from rankmeter.source import Bus
 from test_ab_pipeline import ENV, START_MS, an_experiment, feed, started
 
 STOP = "P@10\x1fnew\x1f\x1fmacro\x1fstop"
+BASE = "P@10\x1fnew\x1f\x1fmacro"  # the record holding the comparison's τ²
 PRIMARY = {"RANKMETER_AB_PRIMARY": "P@10 increase"}
 
 
@@ -188,7 +189,10 @@ def test_turning_cuped_on_is_a_new_experiment_with_a_note(world):
     again = _restarted(store, RANKMETER_AB_CUPED="true")
     assert again.experiments.name == pipeline.experiments.name + "+cuped"
     notes = again.experiments.phase.notes([pipeline.experiments.name, again.experiments.name])
-    assert [n for n in notes if "ab.cuped was turned on" in n] and not [n for n in notes if "declared" in n]
+    assert [n for n in notes if "ab.cuped or ab.cuped_covariate changed in this phase (now cuped)" in n]
+    assert not [n for n in notes if "declared" in n]
+    user = _restarted(store, RANKMETER_AB_CUPED="true", RANKMETER_AB_UNIT="user", RANKMETER_AB_CUPED_COVARIATE="user")
+    assert user.experiments.name.endswith("+cuped-user")
 
 
 def test_a_final_verdict_an_earlier_release_stored_under_the_experiment_still_holds(world):
@@ -213,7 +217,10 @@ def shipping(monkeypatch):
         comparison = Comparison("P@10", "new", "", "macro", Estimate(0.02, 0.0, 1e-4), stop, 1e-4,
                                 {"ship": stop, "stop": stop})
         arms = [ArmView("base", "", 1000, 500), ArmView("new", "", 1000, 500)]
-        return Look(experiment, baseline, arms, [comparison], {"": 0.5}), {STOP: "0.001 0.01 0.05 0.0001"}
+        return Look(experiment, baseline, arms, [comparison], {"": 0.5}), {STOP: "0.001 0.01 0.05 0.0001",
+                                                                             BASE: "0.001 0.01 0.05 0.0001",
+                                                                             "CTR\x1fnew\x1f\x1fmicro": "0.5 -1 1 0.1",
+                                                                             "srm\x1f": "0.5 -inf inf"}
 
     monkeypatch.setattr(pipeline_experiments, "ab_look", look)
     settings, events, _, store, bus, pipeline = an_experiment(5, 200, partitions=3, **PRIMARY)
@@ -228,7 +235,7 @@ def test_an_unreadable_running_record_never_ships_again_but_can_stop(shipping):
     is stored no_ship: keep_running with a note, across restarts; do_not_ship still counts."""
     store, pipeline, worse = shipping
     state = next(k for k in store.running if "|alpha=" in k)
-    store.running[state][STOP] = "garbage"
+    store.running[state][BASE] = "garbage"
     again = _restarted(store)
     look = again.ab_look()
     assert [d.decision for d in look.decisions] == ["keep_running"]
@@ -252,3 +259,59 @@ def test_no_ship_applied():
     assert (d.decision, new) == ("do_not_ship", {"new\x1f": "do_not_ship 5000"})
     undeclared = Decision("new", "", "undeclared", ())
     assert final.apply([undeclared], {}, 5000, lost={"new\x1f"})[1] == {}
+
+
+@pytest.mark.parametrize("field, stops", [
+    (STOP, False),                          # a test record: τ² is in the base record, still valid
+    ("CTR\x1fnew\x1f\x1fmicro", False),     # an exploratory metric's: not the decision's
+    ("srm\x1f", True),                      # the SRM's: a mismatch it had found would be forgotten
+])
+def test_which_unreadable_records_store_no_ship(shipping, field, stops):
+    """Review (final) F5/F7/F10: only a record the decision needs and cannot rebuild."""
+    store, _, _ = shipping
+    state = next(k for k in store.running if "|alpha=" in k)
+    store.running[state][field] = "garbage"
+    assert _decision(_restarted(store)) == ("keep_running" if stops else "ship")
+
+
+def test_a_stored_do_not_ship_of_an_earlier_release_under_an_earlier_name_holds(world):
+    """Review (final) F1: an earlier release stored it under the name of the experiment that
+    reached it; upgraded, the experiment's name gains +cuped: read under every stored name
+    of the comparison."""
+    store, pipeline = world
+    scope = final.key(pipeline.experiments.phase.phase.comparison)
+    store.running[final.key(pipeline.experiments.name)] = store.running.pop(scope)
+    again = _restarted(store, RANKMETER_AB_CUPED="true")
+    assert _decision(again) == "do_not_ship"
+    assert final.since_ms(store.running[scope]["new\x1f"]) is not None
+
+
+def test_the_strongest_stored_value_wins_across_keys_and_an_unreadable_one_is_logged_where_it_is():
+    from rankmeter.store import MemoryStore
+    from rankmeter.unreadable import Unreadable
+    store, unreadable = MemoryStore(), Unreadable()
+    store.save_running("base@1|final", {"new\x1f": "no_ship 5", "b\x1f": "garbage"})
+    store.save_running("base@1@1@x|final", {"new\x1f": "do_not_ship 7", "c\x1f": "junk"})
+    ds = [Decision(t, "", "ship", ()) for t in ("new", "b", "c")]
+    decisions, reached, _ = final.applied(store, unreadable, "base@1", ["base@1@1@x", "other@1@1@x"], {}, ds, 9)
+    assert [d.decision for d in decisions] == ["do_not_ship", "keep_running", "keep_running"]
+    assert reached == {"new\x1f": "do_not_ship 7"}
+    assert unreadable.counts["experiment"] == 2
+
+
+@pytest.mark.parametrize("text", ["do_not_ship 253402300800000", "no_ship 9999999999999999999"])
+def test_a_time_past_the_printable_dates_is_unreadable_not_a_crash(text):
+    [d], _, notes, bad = final.apply([Decision("new", "", "ship", ())], {"new\x1f": text}, 5)
+    assert d.decision == "keep_running" and bad == ["new\x1f"]
+
+
+def test_a_new_phase_without_arms_yet_keeps_the_stored_do_not_ship():
+    """Review (final) F12: between a ramp and the new phase's first impressions there is no
+    arm, so no decision: the do_not_ship alert would resolve."""
+    from rankmeter.store import MemoryStore
+    from rankmeter.unreadable import Unreadable
+    store = MemoryStore()
+    store.save_running("base@1|final", {"new\x1fmobile": "do_not_ship 5"})
+    decisions, _, _ = final.applied(store, Unreadable(), "base@1", [], {}, [], 9, declared=True)
+    assert [(d.treatment, d.segment, d.decision) for d in decisions] == [("new", "mobile", "do_not_ship")]
+    assert final.applied(store, Unreadable(), "base@1", [], {}, [], 9)[0] == ()

@@ -251,7 +251,7 @@ def test_the_experiments_running_statistics_lost_are_found_and_carried_on():
     control = copy.deepcopy(store)       # what a look finds without the loss
     store.running = older                # Redis put back to an earlier copy
     got = pipeline.ab_look()
-    assert pipeline.experiments.running_lost == 1
+    assert pipeline.experiments.records.lost == 1
     expected = started(settings, control, Bus(partitions=3)).ab_look()
     assert [c.running for c in got.comparisons] == [c.running for c in expected.comparisons]
     assert store.running == control.running
@@ -275,7 +275,7 @@ def test_the_running_statistics_are_found_lost_when_the_whole_store_is_put_back(
     assert 0 in pipeline.rewound
     assert _reclaim(pipeline, bus, Health())
     pipeline.ab_look()
-    assert pipeline.experiments.running_lost == 1
+    assert pipeline.experiments.records.lost == 1
     for state, kept in saved.items():       # no running minimum p saved before the loss moved back up
         now = store.running[state]
         assert [k for k in kept if k in now and float(now[k].split()[0]) > float(kept[k].split()[0])] == []
@@ -381,7 +381,7 @@ def test_a_process_back_on_partition_0_with_older_memory_never_loosens_the_runni
         a.assign([0, 1, 2], bus.committed([0, 1, 2]), bounds=bus.bounds([0, 1, 2]))
         a.ab_look()
         now = parsed(store.running)
-        assert a.experiments.running_lost == 0
+        assert a.experiments.records.lost == 0
         assert [k for k, (p, lo, hi, *_) in by_b.items() if now[k][0] > p or now[k][1] < lo or now[k][2] > hi] == []
 
 

@@ -328,7 +328,7 @@ class RedisStore:
 
     def load_running(self, experiment: str) -> dict[str, str]:
         found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")
-        return {k.decode(): v.decode() for k, v in found.items()}
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in found.items()}  # (unreadable, not a crash)
 
     def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
         key, pipe = f"{self.prefix}:ab:definition:{experiment}", self.client.pipeline(transaction=True)

@@ -181,3 +181,13 @@ def test_the_ab_sums_read_whole_only_some_or_without_some_as_in_memory(store):
         assert store.load_ab([0, 1], **kwargs) == memory.load_ab([0, 1], **kwargs), kwargs
     assert store.load_ab([0], without=("cuped\x1f\x1fpre",)) == {0: {"e\x1fa\x1f": b"z" * 8,
                                                                       "propensity\x1f\x1fpairs": b"p" * 8}}
+
+
+def test_running_statistics_not_utf8_are_read_as_unreadable_text_not_a_crash(store):
+    """Review (final): load_running decoded strictly, so one byte that is not UTF-8 in any
+    running hash (a final decision's included) stopped every look, and serve."""
+    from rankmeter.pipeline import final
+    key = f"{store.prefix}:ab:running:base@1|final"
+    store.client.hset(key, mapping={b"new\x1f": b"do_not_ship \xff1", b"\xfe\x1f": b"no_ship 1"})
+    got = store.load_running("base@1|final")
+    assert len(got) == 2 and final.parsed(got["new\x1f"]) is None

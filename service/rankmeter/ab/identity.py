@@ -15,10 +15,10 @@ sequences and decision count only the impressions enrolled from the change on (t
 earlier experiment stays stored as it was; the report notes the change). An undeclared
 experiment's name has no declaration hash, as before declarations existed.
 
-`ab.cuped` is part of it too (CUPED review F5): the adjusted and the unadjusted
-comparison are two tests, each at α; turning CUPED on or off mid-experiment would test
-both (a stop on either), so it starts a new experiment. An experiment without CUPED
-keeps the name it had before CUPED existed.
+`ab.cuped` is part of it too, with its covariate (CUPED review F5): the adjusted and the
+unadjusted comparison, or two covariates, are two tests, each at α; switching
+mid-experiment would test both (a stop on either), so it starts a new experiment. An
+experiment without CUPED keeps the name it had before CUPED existed.
 
 The online signals (CTR, Clicks, ...) are left out of the name: a release may add one,
 and that must not restart a running experiment. Which measures an experiment's stored
@@ -55,7 +55,7 @@ class Phase(NamedTuple):
     split: str       # split_text
     unit: str        # ab.unit: query or user (its sums are kept per user bucket)
     declaration: str = ""  # declaration_text; empty when undeclared
-    cuped: str = ""        # "cuped" with ab.cuped, else empty
+    cuped: str = ""        # with ab.cuped: "cuped" (the text covariate) or "cuped-user"; else empty
 
     @property
     def comparison(self) -> str:
@@ -85,7 +85,13 @@ def phase(settings: AB) -> Phase | None:
     start = time_ms(settings.start)
     since = time_ms(settings.split_since) if settings.split_since else start
     return Phase(settings.baseline, start, max(start, since), split_text(settings.split), settings.unit or "query",
-                 declaration_text(settings), "cuped" if settings.cuped else "")
+                 declaration_text(settings), _cuped(settings))
+
+
+def _cuped(settings: AB) -> str:
+    if not settings.cuped:
+        return ""
+    return "cuped" if settings.cuped_covariate == "text" else f"cuped-{settings.cuped_covariate}"
 
 
 def declaration_text(settings: AB) -> str:

@@ -93,7 +93,7 @@ class Pipeline:
         self.readout = Readout(
             views=self._views, events=ledger.events, folded=self.labels.folded, lost=ledger.lost,
             checkpoints_lost=ledger.checkpoints_lost, offsets_reset=ledger.offsets_reset,
-            offsets_skipped=ledger.offsets_skipped, ab_running_lost=lambda: experiments.running_lost,
+            offsets_skipped=ledger.offsets_skipped, ab_running_lost=lambda: experiments.records.lost,
             fenced_total=lambda: ledger.fenced_total, open_queries=functools.partial(_open_queries, held),
             held=held.__len__, debiased=bool(bias.measures), propensities=lambda: bias.propensities,
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,

@@ -218,10 +218,16 @@ def _cell(row: np.ndarray) -> np.ndarray:
 
 
 def arm_covariates(stored: Mapping[int, Mapping[str, bytes]], experiment: str, measures: int, by_user: bool,
-                   buckets: int, skip: Callable[[int, str, str], None]) -> dict[tuple[str, str], np.ndarray]:
+                   buckets: int, skip: Callable[[int, str, str], None],
+                   ab_counted: set[tuple[int, str]] | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Each arm's covariate sums over every partition: (ranker, segment) -> [measures, 3],
-    or with user buckets [buckets, measures, 3]."""
+    or with user buckets [buckets, measures, 3]. `ab_counted`: the (partition, field) of
+    the A/B sums counted (experiments.arm_vectors); an arm whose covariate sums and A/B
+    sums do not cover the same partitions and buckets (one of them unreadable somewhere)
+    is left out: its n and Σy would be of other queries than its Σx, Σxy (a review found a
+    29-se A/A delta from one partition's covariate field lost)."""
     out: dict[tuple[str, str], np.ndarray] = {}
+    mine: set[tuple[int, str]] = set()  # (partition, the A/B field) of each covariate field counted
     width = measures * COVARIATE_SLOTS
     for p, fields in stored.items():
         for field, data in fields.items():
@@ -242,8 +248,12 @@ def arm_covariates(stored: Mapping[int, Mapping[str, bytes]], experiment: str, m
             if not np.isfinite(vector).all():
                 skip(p, field, "covariate sums not finite")
                 continue
+            mine.add((p, f"{experiment}\x1f{rest}"))
             if by_user:
                 out.setdefault((ranker, segment), np.zeros((buckets, measures, COVARIATE_SLOTS)))[int(bucket_[0])] += vector
             else:
                 out[(ranker, segment)] = out.get((ranker, segment), 0) + vector
+    if ab_counted is not None:
+        for _, field in mine ^ {(p, f) for p, f in ab_counted if f.startswith(experiment + "\x1f")}:
+            out.pop(tuple(field.split("\x1f")[1:3]), None)
     return out

@@ -13,8 +13,8 @@ import numpy as np
 from rankmeter.ab import clusters
 from rankmeter.ab import report as ab_report
 from rankmeter.ab import sums as ab_sums
-from rankmeter.ab.decision import decide
-from rankmeter.ab.experiment import Look, Preference, interleaving_look, readable, tighter
+from rankmeter.ab.decision import decide, roles
+from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, duration_ms, time_ms
@@ -24,6 +24,7 @@ from rankmeter.pipeline import final
 from rankmeter.pipeline.covariates import PRE, PRE_USER, SUFFIX, Covariates, arm_covariates
 from rankmeter.pipeline.labels import Labels
 from rankmeter.pipeline.phases import Phase
+from rankmeter.pipeline.running import RunningRecords
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.pipeline.users import arm_users, enrolled
 from rankmeter.store import Store
@@ -93,10 +94,11 @@ def interleaving_counts(experiment: str, a: str, b: str, start: int | None) -> s
 
 
 def arm_vectors(stored: Mapping[int, Mapping[str, bytes]], experiment: str, size: int, by_user: bool,
-                unreadable: Callable[[int, str, bytes], bool], skip: Callable[[int, str, str], None]
-                ) -> tuple[dict[tuple[str, str], np.ndarray], set[str]]:
+                unreadable: Callable[[int, str, bytes], bool], skip: Callable[[int, str, str], None],
+                counted: set[tuple[int, str]] | None = None) -> tuple[dict[tuple[str, str], np.ndarray], set[str]]:
     """Each arm's A/B sums over every partition ((ranker, segment) -> [size], with user
-    buckets [BUCKETS, size]), and the experiment names stored (for the phase's notes)."""
+    buckets [BUCKETS, size]), and the experiment names stored (for the phase's notes).
+    `counted` collects (partition, field) of each field summed."""
     vectors: dict[tuple[str, str], np.ndarray] = {}
     names: set[str] = set()
     for p, fields in stored.items():
@@ -116,6 +118,8 @@ def arm_vectors(stored: Mapping[int, Mapping[str, bytes]], experiment: str, size
             if by_user != bool(bucket):
                 continue  # (the unit is in the name: a field of another layout, not ours)
             arm = (ranker, segment)
+            if counted is not None:
+                counted.add((p, field))
             if by_user:  # one row per user bucket: the clusters of ab/clusters.py
                 vectors.setdefault(arm, np.zeros((clusters.BUCKETS, size)))[int(bucket[0])] += vector
             else:
@@ -143,10 +147,7 @@ class Experiments:
         self.result: Look | None = None               # the last look (partition 0's holder only)
         self.interleaving: list[Preference] = []
         self._last_history_ms = 0
-        # The running statistics this process last saved (written apart from the partitions'
-        # checkpoints): a look reading back something else found them lost (running_lost).
-        self._saved: dict[str, dict[str, str]] = {}
-        self.running_lost = 0
+        self.records = RunningRecords(store, unreadable)
         self.covariates = Covariates(settings, store, held, len(layout.names), unreadable)
 
     @property
@@ -165,7 +166,7 @@ class Experiments:
         partition 0 again at once (`keep_saved`), another holder may save them now."""
         self.result, self.interleaving = None, []
         if not keep_saved:
-            self._saved = {}
+            self.records.saved = {}
 
     def enrol(self, record: QueryRecord) -> str:
         """The experiment an impression belongs to, decided once, when it is applied, by its
@@ -282,28 +283,29 @@ class Experiments:
             return None
         if not phase.definition:
             phase.resolve()
+        counted: set[tuple[int, str]] = set()
         vectors, names = arm_vectors(stored, experiment, phase.size, self.by_user, self._unreadable,
-                                     lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why))
+                                     lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why), counted)
         # What the running statistics keep depends on alpha and the mixture too.
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
-        running, unreadable_fields = self._running(state)
+        running, unreadable_fields = self.records.load(state)
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
         # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
         covariates = arm_covariates(stored, experiment, len(phase.definition), self.by_user, clusters.BUCKETS,
-                                    lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)) \
-            if a.cuped else None
+                                    lambda p, f, why: self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why),
+                                    counted) if a.cuped else None
         result, kept = ab_look(experiment, self.baseline, vectors, phase.names, a, running, settled,
                                arm_users(self.store, stored, experiment, self.unreadable) if self.by_user else None,
                                covariates)
         waiting = not (settled or a.mixture_variance or result.comparisons)  # (stored τ² go on testing)
         now_ms = int(self.clock() * 1000)
-        scope = phase.phase.comparison  # (a treatment whose running record was unreadable: no_ship)
-        decisions, reached, final_notes = final.applied(self.store, self.unreadable, scope, experiment, self._saved,
-                                                        decide(result, a, {**running, **kept}), now_ms,
-                                                        final.treatments(unreadable_fields))
+        scope = phase.phase.comparison  # (a treatment whose decision's running record was unreadable: no_ship)
+        decisions, reached, final_notes = final.applied(
+            self.store, self.unreadable, scope, names | {experiment}, self.records.saved,
+            decide(result, a, {**running, **kept}), now_ms, final.treatments(unreadable_fields, roles(a)), bool(a.primary))
         notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ()) + final_notes
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit, decisions=decisions)
@@ -315,8 +317,8 @@ class Experiments:
         # holder's look (read before a newer one's) must not move them back.
         owner = self.held[0].epoch if 0 in self.held else None
         if save and owner is not None and reached:  # (fenced the same way: a stale holder writes nothing)
-            self._save_running(final.key(scope), {**self._saved.get(final.key(scope), {}), **reached}, owner)
-        if save and owner is not None and self._save_running(state, {**running, **kept}, owner):
+            self.records.save(final.key(scope), {**self.records.saved.get(final.key(scope), {}), **reached}, owner)
+        if save and owner is not None and self.records.save(state, {**running, **kept}, owner):
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
                 self._last_history_ms = now_ms
@@ -337,37 +339,10 @@ class Experiments:
             return
         # Keyed by what the running statistics depend on: alpha, τ² and the start.
         state = f"interleaving|alpha={self.settings.ab.alpha}|tau2={INTERLEAVING_TAU2}|start={start}"
-        running, _ = self._running(state)
+        running, _ = self.records.load(state)
         self.interleaving, kept = interleaving_look(vectors, self.settings.ab, running)
         if save and 0 in self.held:
-            self._save_running(state, {**running, **kept}, self.held[0].epoch)
-
-    def _running(self, key: str) -> tuple[dict[str, str], list[str]]:
-        """The stored running statistics, tightened by what this process saved last where
-        the store holds less (it lost writes: a restore, a failover): counted, logged. Each
-        comparison's as the tighter of both (ab/experiment.py `tighter`), never loosened: a
-        process whose memory is older than the store (another holder wrote since) changes
-        nothing. The result is saved back whole, comparisons this look did not compute
-        (too few queries in an arm after a rewind) included, for the next holder. Also
-        returns the fields unreadable and not replaced by what this process saved."""
-        stored, saved = self.store.load_running(key), self._saved.get(key, {})
-        bad = [f for f, text in stored.items() if not readable(text)]
-        for field in bad:
-            self.unreadable.skip("experiment", f"ab:running:{key}", field, "not three numbers")
-            del stored[field]
-        merged = {**stored, **{field: tighter(stored.get(field), text) for field, text in saved.items()}}
-        if any(merged[field] != stored.get(field) for field in saved):
-            self.running_lost += 1
-            log.error("the state store lost the experiment's last running statistics: going on from "
-                      "what this process saved", extra={"experiment": key})
-        return merged, [f for f in bad if f not in saved]  # (what this process saved replaces them)
-
-    def _save_running(self, key: str, running: Mapping[str, str], owner: int) -> bool:
-        """Saved unless a newer holder of partition 0 has claimed it (then False)."""
-        if not self.store.save_running(key, running, owner):
-            return False
-        self._saved[key] = dict(running)
-        return True
+            self.records.save(state, {**running, **kept}, self.held[0].epoch)
 
     def _unreadable(self, p: int, field: str, data: bytes) -> bool:
         if (problem := ab_problem(field, data)) is not None:

@@ -28,6 +28,7 @@ from rankmeter.unreadable import Unreadable
 FINAL = "do_not_ship"
 NO_SHIP = "no_ship"
 MAX_TEXT = 40  # a stored value longer than this is not ours: unreadable, never parsed
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def key(comparison: str) -> str:
@@ -40,10 +41,21 @@ def field(d: Decision) -> str:
     return f"{d.treatment}\x1f{d.segment}"
 
 
-def treatments(running_fields: Iterable[str]) -> set[str]:
-    """The fields (treatment␟segment) of the comparisons' running records given (their
-    field: metric␟treatment␟segment␟average[␟…]; the SRM's, srm␟segment, has none)."""
-    return {"\x1f".join(f.split("\x1f")[1:3]) for f in running_fields if f.count("\x1f") >= 3}
+def treatments(running_fields: Iterable[str], declared: Mapping[tuple[str, str], str]) -> set[str]:
+    """The fields (treatment␟segment) whose decision lost a running record that holds a τ²
+    (`running_fields`, unreadable): a declared metric's base record (metric␟treatment␟
+    segment␟average[␟cuped]; its test records, at a level, take τ² from it, so losing one
+    only shortens the running intersection, still valid), and the SRM's (srm␟segment: a
+    mismatch it had found would be forgotten), which counts for every treatment of the
+    segment (`␟segment`)."""
+    out = set()
+    for f in running_fields:
+        parts = f.split("\x1f")
+        if len(parts) == 2 and parts[0] == "srm":
+            out.add("\x1f" + parts[1])
+        elif (len(parts) == 4 or (len(parts) == 5 and parts[4] == "cuped")) and (parts[0], parts[3]) in declared:
+            out.add("\x1f".join(parts[1:3]))
+    return out
 
 
 def parsed(text: str) -> tuple[str, int] | None:
@@ -51,9 +63,10 @@ def parsed(text: str) -> tuple[str, int] | None:
     if len(text) > MAX_TEXT:
         return None
     word, _, ms = text.partition(" ")
-    # The canonical decimal the writer produces (isdigit() alone holds for "²" and "١٢").
+    # The canonical decimal the writer produces (isdigit() alone holds for "²" and "١٢"),
+    # within the dates Python can print (a later one would stop every look).
     ok = word in (FINAL, NO_SHIP) and 0 < len(ms) <= 19 and ms.isascii() and ms.isdigit() and str(int(ms)) == ms
-    return (word, int(ms)) if ok else None
+    return (word, int(ms)) if ok and int(ms) <= MAX_MS else None
 
 
 def since_ms(text: str) -> int | None:
@@ -76,7 +89,7 @@ def apply(decisions: Iterable[Decision], stored: Mapping[str, str], now_ms: int,
     lost = set(lost)
     for d in decisions:
         f, text = field(d), stored.get(field(d))
-        if text is None and f in lost and d.decision not in (FINAL, "undeclared"):
+        if text is None and (f in lost or f"\x1f{d.segment}" in lost) and d.decision not in (FINAL, "undeclared"):
             text = new[f] = f"{NO_SHIP} {now_ms}"
         p = parsed(text) if text is not None else None
         if text is None or d.decision == "undeclared":
@@ -105,20 +118,46 @@ def apply(decisions: Iterable[Decision], stored: Mapping[str, str], now_ms: int,
     return tuple(out), new, tuple(notes), unreadable
 
 
-def applied(store: Store, unreadable: Unreadable, comparison: str, experiment: str,
+def merged(values: Iterable[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """One value per field from several keys' (key, {field: value}) in turn: do_not_ship
+    over no_ship over an unreadable value (so none hides a stronger one), the first key's
+    among equals; and the key each value was read from."""
+    rank = {FINAL: 0, NO_SHIP: 1}
+    out: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for k, fields in values:
+        for f, text in fields.items():
+            p = parsed(text)
+            strength = rank[p[0]] if p else 2
+            if f not in out or strength < (rank[q[0]] if (q := parsed(out[f])) else 2):
+                out[f], source[f] = text, k
+    return out, source
+
+
+def applied(store: Store, unreadable: Unreadable, comparison: str, experiments: Iterable[str],
             saved: Mapping[str, Mapping[str, str]], decisions: Iterable[Decision], now_ms: int,
-            lost: Iterable[str] = ()) -> tuple[tuple[Decision, ...], dict[str, str], tuple[str, ...]]:
-    """`apply` with the stored final decisions of the comparison (and an earlier release's,
-    of the experiment), what this process saved (`saved`, by state key) winning over a
-    store that lost it; an unreadable one counted."""
+            lost: Iterable[str] = (), declared: bool = False
+            ) -> tuple[tuple[Decision, ...], dict[str, str], tuple[str, ...]]:
+    """`apply` with the stored final decisions of the comparison, what this process saved
+    (`saved`, by state key) winning over a store that lost it, and those an earlier release
+    stored under an experiment's name (`experiments`: the names stored of this comparison);
+    an unreadable one counted, under the key it was read from. With `declared`, a treatment
+    stored do_not_ship keeps that decision while the experiment has no arm of it yet (a new
+    phase before its first impressions: the alert does not resolve)."""
     k = key(comparison)
     current = store.load_running(k)
-    in_store, mine = {**store.load_running(key(experiment)), **current}, saved.get(k, {})
-    decisions, reached, notes, bad = apply(decisions, {**in_store, **mine}, now_ms, lost)
+    earlier = [(key(e), store.load_running(key(e))) for e in sorted(experiments) if e.startswith(comparison + "@")]
+    values, source = merged([("this process", saved.get(k, {})), (k, current), *earlier])
+    decisions = list(decisions)
+    if declared:
+        have = {field(d) for d in decisions}
+        decisions += [Decision(*f.split("\x1f", 1), FINAL, ()) for f, text in sorted(values.items())
+                      if f not in have and since_ms(text) is not None]
+    decisions, reached, notes, bad = apply(decisions, values, now_ms, lost)
     # One this process stored and the store lost (put back to an older copy), or one an
-    # earlier release stored under the experiment: stored (again) under the comparison.
-    reached.update({f: text for f, text in {**in_store, **mine}.items()
-                    if f not in current and f not in reached and parsed(text) is not None})
+    # earlier release stored under an experiment: stored (again) under the comparison.
+    reached.update({f: text for f, text in values.items()
+                    if current.get(f) != text and f not in reached and parsed(text) is not None})
     for f in bad:
-        unreadable.skip("experiment", f"ab:running:{k}", f, "not do_not_ship or no_ship and a time")
+        unreadable.skip("experiment", f"ab:running:{source[f]}", f, "not do_not_ship or no_ship and a time")
     return decisions, reached, notes

@@ -89,9 +89,9 @@ class Phase:
                        "whose statistics and decision count only impressions enrolled since; the earlier "
                        f"declaration's stays stored (other declarations of this phase: {len(declarations)})")
         if any(c != cuped for _, d, c in tags if d == declaration):
-            out.append(f"ab.cuped was turned {'on' if cuped else 'off'} in this phase: a new experiment (the adjusted "
-                       "and the unadjusted comparison are two tests), whose statistics and decision count only "
-                       "impressions enrolled since; a do_not_ship reached before stays (pipeline/final.py)")
+            out.append(f"ab.cuped or ab.cuped_covariate changed in this phase (now {cuped or 'off'}): a new experiment "
+                       "(the adjusted and the unadjusted comparison are two tests), whose statistics and decision "
+                       "count only impressions enrolled since; a do_not_ship reached before stays (pipeline/final.py)")
         units = sorted({unit for split, unit, _ in same_start if split == self.phase.split and unit != self.phase.unit})
         if units:
             out.append(f"the same phase is stored with ab.unit {', '.join(units)} too: another replica or an "

@@ -1,0 +1,50 @@
+"""What looks keep between looks: the running statistics (`ab:running:<key>` hashes: each
+comparison's running p-value, sequence and τ², the SRM's running minimum, the final
+decisions), and what this process last saved of them, written apart from the
+partitions' checkpoints. A look reading back less than it saved found them lost (a
+restore, a failover): it goes on from the tighter of both, counted (`lost`) and logged."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from rankmeter.ab.experiment import readable, tighter
+from rankmeter.store import Store
+from rankmeter.unreadable import Unreadable
+
+log = logging.getLogger("rankmeter.pipeline")
+
+
+class RunningRecords:
+    def __init__(self, store: Store, unreadable: Unreadable) -> None:
+        self.store, self.unreadable = store, unreadable
+        self.saved: dict[str, dict[str, str]] = {}  # by key, as this process last saved them
+        self.lost = 0                               # looks that found what it saved lost
+
+    def load(self, key: str) -> tuple[dict[str, str], list[str]]:
+        """The stored running statistics, tightened by what this process saved last where
+        the store holds less: each comparison's as the tighter of both (ab/experiment.py
+        `tighter`), never loosened, so a process whose memory is older than the store
+        (another holder wrote since) changes nothing. Saved back whole, comparisons a look
+        did not compute (too few queries in an arm after a rewind) included, for the next
+        holder. Also the fields unreadable (dropped, counted) that what this process saved
+        does not replace."""
+        stored, saved = self.store.load_running(key), self.saved.get(key, {})
+        bad = [f for f, text in stored.items() if not readable(text)]
+        for field in bad:
+            self.unreadable.skip("experiment", f"ab:running:{key}", field, "not three numbers")
+            del stored[field]
+        merged = {**stored, **{field: tighter(stored.get(field), text) for field, text in saved.items()}}
+        if any(merged[field] != stored.get(field) for field in saved):
+            self.lost += 1
+            log.error("the state store lost the experiment's last running statistics: going on from "
+                      "what this process saved", extra={"experiment": key})
+        return merged, [f for f in bad if f not in saved]
+
+    def save(self, key: str, running: Mapping[str, str], owner: int) -> bool:
+        """Saved unless a newer holder of partition 0 has claimed it (then False)."""
+        if not self.store.save_running(key, running, owner):
+            return False
+        self.saved[key] = dict(running)
+        return True
