@@ -146,16 +146,17 @@ def _shown_after(record: QueryRecord, doc: str) -> str:
 
 
 def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribution,
-                   max_events: int = 10_000) -> str:
+                   max_events: int = 10_000, feedback_time: bool = False) -> str:
     """`applied`, `duplicate`, `pending` (no impression yet), `late`, `unmatched`, or
     `flooded` when the query already had `max_events` feedback events (a runaway or
-    hostile producer must not grow one record without bound)."""
+    hostile producer must not grow one record without bound). With `feedback_time`
+    (ab.cuped's pre-period), the record keeps its latest feedback timestamp."""
     if feedback.event_id in record.event_ids:
         return "duplicate"
     if len(record.event_ids) >= max_events:
         return "flooded"
     record.event_ids.add(feedback.event_id)
-    if feedback.action != IMPRESSION_ACTION:
+    if feedback_time and feedback.action != IMPRESSION_ACTION:
         record.feedback_ms = max(record.feedback_ms, feedback.timestamp_ms)
     if feedback.action == IMPRESSION_ACTION:
         if record.impression is None:

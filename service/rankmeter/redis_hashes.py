@@ -16,12 +16,12 @@ def load(client: redis.Redis, keys: list[str], only: Collection[str] | None = No
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(key)
-            return [{k.decode(): v for k, v in found.items()} for found in pipe.execute()]
+            return [{k.decode(errors="replace"): v for k, v in found.items()} for found in pipe.execute()]
     if only is None:
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hkeys(key)
-            names = [[n for n in (k.decode() for k in found) if n not in without] for found in pipe.execute()]
+            names = [[n for n in (k.decode(errors="replace") for k in found) if n not in without] for found in pipe.execute()]
     else:
         names = [[f for f in only if f not in without] for _ in keys]
     with client.pipeline(transaction=False) as pipe:

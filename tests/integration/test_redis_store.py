@@ -191,3 +191,12 @@ def test_running_statistics_not_utf8_are_read_as_unreadable_text_not_a_crash(sto
     store.client.hset(key, mapping={b"new\x1f": b"do_not_ship \xff1", b"\xfe\x1f": b"no_ship 1"})
     got = store.load_running("base@1|final")
     assert len(got) == 2 and final.parsed(got["new\x1f"]) is None
+
+
+def test_an_ab_field_name_not_utf8_is_no_crash(store):
+    """Review (CUPED) F6: a field name of a partition's A/B hash that is not UTF-8 stopped
+    every look (load_ab decoded strictly)."""
+    store.client.hset(store._key(0, "ab"), mapping={b"\xff\x1fa\x1f": b"x" * 8, "e\x1fa\x1f": b"y" * 8})
+    for kwargs in ({}, {"without": ("z",)}):
+        got = store.load_ab([0], **kwargs)[0]
+        assert got["e\x1fa\x1f"] == b"y" * 8 and len(got) <= 2

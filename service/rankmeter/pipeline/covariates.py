@@ -12,8 +12,8 @@ A/B sums (`PRE`, or `PRE_USER` for users: three parts, so a version without CUPE
 it, as it does `PAIRS`), moved by each pre-period query's new minus old values (kept in
 its record), and stored with the partition's checkpoint, before its offsets are
 committed to Kafka; the partitions' tables add up. Memory: 16 bytes × buckets × measures
-per partition (65,536 buckets, 9 measures: 9.4 MB), read by a process once (a look
-reads the A/B sums without it).
+per partition (65,536 buckets, 9 measures: 9.4 MB), read one partition at a time by a
+process once, to offer the experiment's means (a look reads the A/B sums without it).
 
 The pre-period, by event time alone (never by when an event is read: the table must not
 depend on batch boundaries, a rebuilt partition or a replica's lag). A query counts if
@@ -25,9 +25,14 @@ are kept on a grid of 2⁻²⁰ so that sums are exact (below 2³³): the table 
 for bit however its queries were batched, added and taken back.
 
 During the experiment a query's x per measure is its key's bucket mean over every
-partition's table, read once when this process first needs it (a process started later
-may read a table with more of the pre-period in: x stays a function of pre-period data,
-and each query's contribution is taken back as it was added). A key without pre-period
+partition's table, **fixed once per experiment for every process**: the first process to
+need it (at the first enrolled query) stores the means under
+`ab:definition:<experiment>#cuped-means` (SET NX), and every process, then and after a
+restart or a rebalance, uses what is stored. The tables go on moving after the start
+(late pre-period events, queries taken out by feedback from the start on); were each
+process to read its own means, a query evaluated again after a restart would get another
+x than one that was not, and which queries are evaluated again depends on their
+feedback, so on the treatment (review: a 0.3–3.8 se bias of the adjusted delta). A key without pre-period
 data (or none: no text, no client_id) gets the table's pooled mean: x − x̄ ≈ 0, so it is
 adjusted by almost nothing. An unreadable table (another size: another `ab.cuped_buckets`
 or layout) is left out and counted (rankmeter_store_unreadable_total).
@@ -35,6 +40,7 @@ or layout) is left out and counted (rankmeter_store_unreadable_total).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -50,6 +56,7 @@ from rankmeter.unreadable import Unreadable
 PRE = "cuped\x1f\x1fpre"            # a partition's pre-period table by query text, with its A/B sums
 PRE_USER = "cuped\x1f\x1fpre-user"  # ... by user (ab.cuped_covariate: user)
 SUFFIX = "#cuped"          # an arm's covariate sums: the experiment's name + SUFFIX, ranker, segment[, bucket]
+MEANS = "#cuped-means"     # the experiment's x, fixed once: a definition (the experiment's name + MEANS)
 QUANTUM = 2.0 ** -20       # the grid of the table's values: sums exact whatever their order
 
 
@@ -93,7 +100,8 @@ class Covariates:
         self.buckets = a.cuped_buckets
         self.measures = measures   # the A/B layout's columns
         self.store, self.held, self.unreadable = store, held, unreadable
-        self._means: tuple[np.ndarray, np.ndarray] | None = None   # [buckets, measures], [measures], once read
+        self._means: tuple[np.ndarray, np.ndarray] | None = None   # [buckets, measures], [measures], ...
+        self._means_of = ""                                          # ... of this experiment, as stored
 
     @property
     def size(self) -> int:
@@ -129,6 +137,9 @@ class Covariates:
                 continue   # (another layout's contribution: cannot be taken back)
             if cells is None:
                 table = ps.ab.get(self.field)
+                if table is not None and len(table) != self.size:   # (another ab.cuped_buckets or layout)
+                    self.unreadable.skip("experiment", f"{{{partition}}}:ab", self.field,
+                                         f"{len(table)} values, not {self.size}: the table starts over")
                 if table is None or len(table) != self.size:
                     table = ps.ab[self.field] = np.zeros(self.size)
                 cells = table.reshape(self.buckets, self.measures, 2)
@@ -153,7 +164,7 @@ class Covariates:
         rows = [i for i, counts in enumerate(inside) if counts]
         if not rows:
             return
-        new = self.contributions([records[i] for i in rows], columns, values[rows])
+        new = self.contributions([records[i] for i in rows], columns, values[rows], experiment)
         for vector, i in zip(new, rows):
             record, k = records[i], keys[i]
             field = f"{experiment}{SUFFIX}\x1f{record.ranker_label}\x1f{record.segment_label}"
@@ -170,45 +181,73 @@ class Covariates:
             ps.dirty_ab.add(field)
             record.cuped_contribution = vector.tobytes()
 
-    def means(self) -> tuple[np.ndarray, np.ndarray]:
-        """[buckets, measures] pre-period means over every partition's table, a bucket
-        without queries given the pooled mean; and the pooled mean [measures] (0 with no
-        table: a constant, no adjustment)."""
-        if self._means is None:
-            total = np.zeros((self.buckets, self.measures, 2))
-            field = self.field
-            stored = self.store.load_ab(self.store.partitions(), only=(field,))
-            for p, ps in list(self.held.items()):   # a held partition's own table: newer than its checkpoint
-                if field in ps.ab:
-                    stored[p] = {**stored.get(p, {}), field: ps.ab[field].tobytes()}
-            for p, fields in stored.items():
-                data = fields.get(field)
-                if data is None:
-                    continue
-                if len(data) != 8 * self.size:
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
-                                         f"{len(data)} bytes, not {8 * self.size} (ab.cuped_buckets × measures × 16)")
-                    continue
-                table = np.frombuffer(data).reshape(self.buckets, self.measures, 2)
-                counts = table[..., 0]
-                if not np.isfinite(table).all() or (counts < 0).any() or (counts != np.round(counts)).any():
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
-                                         "a count below 0 or not whole, or a value not finite")
-                    continue
-                total += table
-            n, s = total[..., 0], total[..., 1]
-            pooled = np.divide(s.sum(0), n.sum(0), out=np.zeros(self.measures), where=n.sum(0) > 0)
-            self._means = np.where(n > 0, s / np.where(n > 0, n, 1.0), pooled), pooled
+    def means(self, experiment: str) -> tuple[np.ndarray, np.ndarray]:
+        """The experiment's x: [buckets, measures] means and the pooled mean [measures], as
+        the first process to need them stored them (from the tables as they were then)."""
+        if self._means is None or self._means_of != experiment:
+            key, mine = experiment + MEANS, self.from_tables()
+            got = _decoded(self.store.define_experiment(key, _encoded(*mine)), self.buckets, self.measures)
+            if got is None:   # (another size: another ab.cuped_buckets or layout; or not ours)
+                self.unreadable.skip("experiment", f"ab:definition:{key}", "means",
+                                     f"not {self.buckets} × {self.measures} finite means: replaced")
+                got = _decoded(self.store.define_experiment(key, _encoded(*mine), replace=True),
+                               self.buckets, self.measures) or mine
+            self._means, self._means_of = got, experiment
         return self._means
 
-    def forget(self) -> None:
-        self._means = None
+    def from_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """[buckets, measures] pre-period means over every partition's table (read one at a
+        time: one table in memory at once), a bucket without queries given the pooled mean;
+        and the pooled mean [measures] (0 with no table: a constant, no adjustment)."""
+        total = np.zeros((self.buckets, self.measures, 2))
+        field = self.field
+        for p in sorted(set(self.store.partitions()) | set(self.held)):
+            ps = self.held.get(p)   # a held partition's own table: newer than its checkpoint
+            if ps is not None and field in ps.ab:
+                data = ps.ab[field].tobytes()
+            else:
+                data = self.store.load_ab([p], only=(field,)).get(p, {}).get(field)
+            if data is None:
+                continue
+            if len(data) != 8 * self.size:
+                self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
+                                     f"{len(data)} bytes, not {8 * self.size} (ab.cuped_buckets × measures × 16)")
+                continue
+            table = np.frombuffer(data).reshape(self.buckets, self.measures, 2)
+            counts = table[..., 0]
+            if not np.isfinite(table).all() or (counts < 0).any() or (counts != np.round(counts)).any():
+                self.unreadable.skip("experiment", f"{{{p}}}:ab", field,
+                                     "a count below 0 or not whole, or a value not finite")
+                continue
+            total += table
+        n, s = total[..., 0], total[..., 1]
+        pooled = np.divide(s.sum(0), n.sum(0), out=np.zeros(self.measures), where=n.sum(0) > 0)
+        return np.where(n > 0, s / np.where(n > 0, n, 1.0), pooled), pooled
 
-    def contributions(self, records: list[QueryRecord], columns: list[int | None], values: np.ndarray) -> np.ndarray:
+    def contributions(self, records: list[QueryRecord], columns: list[int | None], values: np.ndarray,
+                      experiment: str) -> np.ndarray:
         """[Q, definition measures, 3]: each query's Σx, Σx², Σxy (`covariate_sums`)."""
-        means, pooled = self.means()
+        means, pooled = self.means(experiment)
         keys = np.array([self.key(r) for r in records], dtype=np.int64)
         return covariate_sums(means, pooled, keys, columns, values)
+
+
+def _encoded(means: np.ndarray, pooled: np.ndarray) -> str:
+    """The means as stored: base64 of the float64s, bucket-major, then the pooled ones."""
+    return base64.b64encode(np.concatenate([means.ravel(), pooled]).tobytes()).decode("ascii")
+
+
+def _decoded(text: str, buckets: int, measures: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Stored means, None unless they are exactly `buckets` × `measures` (+ pooled) finite ones."""
+    if len(text) != 4 * -(-8 * (buckets + 1) * measures // 3) or not text.isascii():
+        return None
+    try:
+        values = np.frombuffer(base64.b64decode(text, validate=True))
+    except ValueError:   # (binascii.Error is one)
+        return None
+    if len(values) != (buckets + 1) * measures or not np.isfinite(values).all():
+        return None
+    return values[:-measures].reshape(buckets, measures), values[-measures:]
 
 
 def _cell(row: np.ndarray) -> np.ndarray:

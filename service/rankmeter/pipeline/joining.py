@@ -70,7 +70,7 @@ class Joining:
                     if outcome == "applied":
                         self._applied(batch, key, record, waiting)
                 else:
-                    outcome = apply_feedback(record, event, self.attribution, self.max_events)
+                    outcome = apply_feedback(record, event, self.attribution, self.max_events, self.pre_until is not None)
                     if outcome == "flooded":
                         outcome = "invalid"
                         self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
