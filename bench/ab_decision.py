@@ -24,6 +24,12 @@ rate with its Clopper–Pearson 95% interval; variance_reduction: nDCG@10's with
   mean: `aa_cuped` (A/A, every metric's rate: `aa_metric_max`), `no_persistence` (a
   covariate unrelated to the outcome: VR ≈ 0), `power_persistent` and `power_cuped` (the
   same experiments without and with CUPED). `pre_corr` is printed beside the reduction.
+  Where its assumptions break: `aa_cuped_90_10` (the treatment 10%), `aa_cuped_rare` (the
+  1% event). The user covariate (`ab.cuped_covariate: user`, per user bucket): users whose
+  quality persists (--user-persistence, fixed at 0.2: aa_user's user share), each query's
+  covariate its user's mean over the user's pre-period queries (PRE_PERIOD × the queries,
+  the same lognormal activity): `aa_cuped_user`, `no_persistence_user` (none: VR ≈ 0),
+  `power_user` and `power_cuped_user` (the same experiments without and with CUPED).
 * The boundaries, where each error rate is largest: `boundary_ship`, the primaries improved
   by 0.1 sd and CTR exactly 10% down (its margin), to 2 × --queries: a `ship` is a false
   ship of the intersection-union test (CTR is not shown non-inferior), a `do_not_ship` a
@@ -60,6 +66,9 @@ PRIMARY = ["nDCG@10 increase", "AP increase", "RR increase"]
 GUARDRAILS = ["CTR 10%", "Abandonment 0.04", "FirstClickRank 15%", "Clicks 0.06", "P@10 0.03"]
 ALPHA, BATCH, USERS = 0.05, 100, 10_000
 PERSISTENCE = 0.5   # fixed before measuring (issue 21): the figure is the correlation printed beside it
+# The user's persistent share of a query's latent quality in the user-covariate cells, fixed
+# before measuring: aa_user's user effect (sd 0.5: 0.25 / 1.25 of the variance), now persisting.
+USER_PERSISTENCE = 0.2
 PRE_PERIOD = 4      # the pre-period's queries, in multiples of the experiment's (four weeks before a week)
 RARE_GUARDRAILS = [g if not g.startswith("Clicks") else "Clicks 20%" for g in GUARDRAILS]  # of a 1% event
 
@@ -74,6 +83,7 @@ class Config(NamedTuple):
     boundary: bool = False    # every guardrail's true effect exactly −margin (CTR: ctr = 0.9)
     persistence: float = 0.0  # the share of a query's latent quality its text carries (pre-period and in-experiment)
     cuped: bool = False       # ab.cuped: macro comparisons adjusted by the text's pre-period mean
+    covariate: str = "text"   # "user" (ab.cuped_covariate: user, by_user): persistence is the user's share
 
 
 CONFIGS = {
@@ -96,6 +106,14 @@ CONFIGS = {
     "no_persistence": Config(cuped=True),   # a covariate unrelated to the outcome: VR ≈ 0
     "power_persistent": Config(shift=0.05, persistence=PERSISTENCE),
     "power_cuped": Config(shift=0.05, persistence=PERSISTENCE, cuped=True),
+    # CUPED where the simulator's assumptions break: 90/10, the rare event, and per user
+    # with the user's own pre-period mean (USER_PERSISTENCE, --user-persistence).
+    "aa_cuped_90_10": Config(share=0.1, persistence=PERSISTENCE, cuped=True),
+    "aa_cuped_rare": Config(rare=True, persistence=PERSISTENCE, cuped=True),
+    "aa_cuped_user": Config(by_user=True, persistence=USER_PERSISTENCE, cuped=True, covariate="user"),
+    "no_persistence_user": Config(by_user=True, cuped=True, covariate="user"),  # VR ≈ 0
+    "power_user": Config(shift=0.05, by_user=True, persistence=USER_PERSISTENCE, covariate="user"),
+    "power_cuped_user": Config(shift=0.05, by_user=True, persistence=USER_PERSISTENCE, cuped=True, covariate="user"),
 }
 _RANKS = np.arange(1, 101)
 _RANK_CDF = np.cumsum(_RANKS ** -1.3) / np.sum(_RANKS ** -1.3)
@@ -136,10 +154,29 @@ def texts(rng: np.random.Generator, queries: int, config: Config, latent: np.nda
     text, pre_text = rng.integers(0, n_texts, queries), rng.integers(0, n_texts, n_pre)
     pre_latent = np.sqrt(p) * difficulty[pre_text, None] + np.sqrt(1 - p) * rng.normal(size=(n_pre, 8))
     pre = values(pre_latent, np.zeros(n_pre, bool), config.rare, 0.0, 1.0)
-    count = np.bincount(pre_text, minlength=n_texts)[:, None]
-    total = np.stack([np.bincount(pre_text, pre[:, j], minlength=n_texts) for j in range(8)], -1)
-    mean = np.where(count > 0, total / np.maximum(count, 1), pre.mean(0))
-    return np.sqrt(p) * difficulty[text, None] + np.sqrt(1 - p) * latent, mean[text]
+    return np.sqrt(p) * difficulty[text, None] + np.sqrt(1 - p) * latent, unit_means(pre_text, pre, n_texts)[text]
+
+
+def users(rng: np.random.Generator, queries: int, config: Config, latent: np.ndarray, weights: np.ndarray,
+          user: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Users whose quality / click propensity persists (ab.cuped_covariate: user): (the
+    in-experiment latent, √p·u_user + √(1 − p)·ε, and each query's covariate [Q, 8], its
+    user's mean value over the user's pre-period queries). PRE_PERIOD times the queries
+    before the start, drawn from the same activity (`weights`); a user with none gets the
+    pooled pre-period mean. p = 0: no user effect, the covariate unrelated."""
+    p, n_pre = config.persistence, PRE_PERIOD * queries
+    propensity = rng.normal(size=USERS)
+    pre_user = rng.choice(USERS, n_pre, p=weights / weights.sum())
+    pre_latent = np.sqrt(p) * propensity[pre_user, None] + np.sqrt(1 - p) * rng.normal(size=(n_pre, 8))
+    pre = values(pre_latent, np.zeros(n_pre, bool), config.rare, 0.0, 1.0)
+    return np.sqrt(p) * propensity[user, None] + np.sqrt(1 - p) * latent, unit_means(pre_user, pre, USERS)[user]
+
+
+def unit_means(unit: np.ndarray, pre: np.ndarray, units: int) -> np.ndarray:
+    """[units, 8] each unit's mean pre-period value (the pooled mean for a unit without any)."""
+    count = np.bincount(unit, minlength=units)[:, None]
+    total = np.stack([np.bincount(unit, pre[:, j], minlength=units) for j in range(pre.shape[1])], -1)
+    return np.where(count > 0, total / np.maximum(count, 1), pre.mean(0))
 
 
 class Drawn(NamedTuple):
@@ -151,7 +188,7 @@ class Drawn(NamedTuple):
 
 def experiment(rng: np.random.Generator, queries: int, config: Config) -> Drawn:
     """Cumulative arm vectors at every look (B = 1 per query, clusters.BUCKETS per user)."""
-    share, by_user, rare, rho, shift, ctr, boundary, persistence, cuped = config
+    share, by_user, rare, rho, shift, ctr, boundary, persistence, cuped, _ = config
     if by_user:
         weights = rng.lognormal(0.0, 1.5, USERS)
         user = rng.choice(USERS, queries, p=weights / weights.sum())
@@ -165,7 +202,10 @@ def experiment(rng: np.random.Generator, queries: int, config: Config) -> Drawn:
         common = np.zeros((queries, 1))
     latent = np.sqrt(rho) * rng.normal(size=(queries, 1)) + np.sqrt(1 - rho) * rng.normal(size=(queries, 8))
     covariate = None
-    if persistence > 0 or cuped:   # (drawn after the rest: the other cells' data stay as they were)
+    if config.covariate == "user":   # the persistent user effect replaces aa_user's (drawn, unused)
+        latent, covariate = users(rng, queries, config, latent, weights, user)
+        common = np.zeros((queries, 1))
+    elif persistence > 0 or cuped:   # (drawn after the rest: the other cells' data stay as they were)
         latent, covariate = texts(rng, queries, config, latent)
     x = values((latent + common) / np.sqrt(1 + common.var() if by_user else 1.0), treated, rare, shift, ctr, boundary)
     buckets = clusters.BUCKETS if by_user else 1
@@ -191,7 +231,7 @@ def experiment(rng: np.random.Generator, queries: int, config: Config) -> Drawn:
 
 
 # Cells measured on the same data as another (with and without CUPED: one experiment each).
-SAME_DATA = {"power_cuped": "power_persistent"}
+SAME_DATA = {"power_cuped": "power_persistent", "power_cuped_user": "power_user"}
 
 
 def run(name: str, experiments: int, queries: int, seed: int, first: int = 0) -> dict:
@@ -262,7 +302,7 @@ def line(name: str, r: dict, queries: int) -> str:
         head += f" persistence={CONFIGS[name].persistence} pre_corr={r['pre_corr']:.3f}"
     if len(r["reductions"]):
         head += " vr_by_metric=" + ",".join(f"{m}:{v:.3f}" for m, v in zip(METRICS, np.nanmedian(r["reductions"], 0)))
-    if name.startswith("aa"):   # every metric's A/A rate: the largest, with its upper bound
+    if name.startswith(("aa", "no_persistence")):   # every metric's A/A rate: the largest, with its upper bound
         worst = max(METRICS, key=lambda m: r["significant"][m])
         head += f" aa_metric_max={worst}:{cp(r['significant'][worst], n)}"
     tail = f"variance_reduction={reduction(r)}"
@@ -285,15 +325,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--persistence", type=float, default=PERSISTENCE,
                         help="the query texts' persistence in the CUPED cells (fixed at 0.5 for the figures)")
+    parser.add_argument("--user-persistence", type=float, default=USER_PERSISTENCE,
+                        help="the users' persistence in the user-covariate cells (fixed at 0.2 for the figures)")
     parser.add_argument("--first", type=int, default=0, help="the first experiment's index (to split a run over cores)")
     args = parser.parse_args()
     names = list(CONFIGS) if args.config == "all" else args.config.split(",")
     for name, c in CONFIGS.items():
         if c.persistence:
-            CONFIGS[name] = c._replace(persistence=args.persistence)
+            CONFIGS[name] = c._replace(persistence=args.user_persistence if c.covariate == "user" else args.persistence)
     for name in names:
         started = time.monotonic()
-        queries = args.queries * {"power": 3, "power_persistent": 3, "power_cuped": 3, "boundary_ship": 2}.get(name, 1)
+        queries = args.queries * (3 if name.startswith("power") else 2 if name == "boundary_ship" else 1)
         power = name.startswith("power") or name == "guardrail"
         r = run(name, args.power_experiments if power else args.experiments, queries, args.seed,
                 args.first)
