@@ -22,27 +22,34 @@ HOUR_MS = 3_600_000
 TEXTS = 60
 
 
-def events(seed: int, pre: int, during: int):
-    """Texts with a persistent click propensity; pre-period queries (before the start), then
-    the experiment's. Returns (pre events, experiment events, truth per query)."""
+def events(seed: int, pre: int, during: int, users: int = 0):
+    """Texts (or, with `users`, users assigned whole to one ranker, the last tenth without a
+    pre-period query) with a persistent click propensity; pre-period queries (before the
+    start), then the experiment's. Returns (pre events, experiment events, truth per query:
+    phase, ranker, the text's number or the client_id, clicks)."""
     rnd = random.Random(seed)
-    propensity = [rnd.random() for _ in range(TEXTS)]
+    propensity = [rnd.random() for _ in range(users or TEXTS)]
+    arm = [rnd.choice(["base", "new"]) for _ in range(users)]
     out: dict[str, list] = {"pre": [], "during": []}
     truth = {}
     for q in range(pre + during):
         phase = "pre" if q < pre else "during"
-        qid, text = f"q{q}", rnd.randrange(TEXTS)
-        ranker = rnd.choice(["base", "new"])
+        if users:
+            unit = rnd.randrange(users * 9 // 10) if phase == "pre" else rnd.randrange(users)
+            qid, ranker, who = f"q{q}", arm[unit], {"client_id": f"user{unit}"}
+        else:
+            qid, unit = f"q{q}", rnd.randrange(TEXTS)
+            ranker, who = rnd.choice(["base", "new"]), {"user_query": f"text {unit}"}
         # (pre-period: 1 to 3 hours before the start, beyond the attribution window and its grace)
         t = START_MS - 3 * HOUR_MS + rnd.randrange(2 * HOUR_MS) if phase == "pre" else START_MS + rnd.randrange(400_000)
         results = [f"d{j}" for j in range(10)]
         lift = 0.1 if ranker == "new" and phase == "during" else 0.0
-        clicked = [d for d in results if rnd.random() < 0.3 * propensity[text] + lift]
+        clicked = [d for d in results if rnd.random() < 0.3 * propensity[unit] + lift]
         out[phase].append(("impressions", qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
-                                                "user_query": f"text {text}"}))
+                                                **who}))
         out[phase] += [("feedback", qid, {"query_id": qid, "action": "click", "doc_id": d, "timestamp": t + 1000})
                        for d in clicked]
-        truth[qid] = (phase, ranker, text, len(clicked))
+        truth[qid] = (phase, ranker, f"user{unit}" if users else unit, len(clicked))
     return out["pre"], out["during"], truth
 
 
@@ -128,27 +135,7 @@ def test_a_malformed_covariate_field_is_skipped_and_counted_not_a_crash():
 
 
 def user_events(seed: int, users: int, pre: int, during: int):
-    """Users with a persistent click propensity, each on one ranker (assigned whole), some
-    without a pre-period query. Returns (pre events, experiment events, truth per query)."""
-    rnd = random.Random(seed)
-    propensity = [rnd.random() for _ in range(users)]
-    arm = [rnd.choice(["base", "new"]) for _ in range(users)]
-    out: dict[str, list] = {"pre": [], "during": []}
-    truth = {}
-    for q in range(pre + during):
-        phase = "pre" if q < pre else "during"
-        user = rnd.randrange(users * 9 // 10) if phase == "pre" else rnd.randrange(users)  # (the last tenth: none)
-        qid, ranker = f"q{q}", arm[user]
-        t = START_MS - 3 * HOUR_MS + rnd.randrange(2 * HOUR_MS) if phase == "pre" else START_MS + rnd.randrange(400_000)
-        results = [f"d{j}" for j in range(10)]
-        lift = 0.1 if ranker == "new" and phase == "during" else 0.0
-        clicked = [d for d in results if rnd.random() < 0.3 * propensity[user] + lift]
-        out[phase].append(("impressions", qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
-                                                "client_id": f"user{user}"}))
-        out[phase] += [("feedback", qid, {"query_id": qid, "action": "click", "doc_id": d, "timestamp": t + 1000})
-                       for d in clicked]
-        truth[qid] = (phase, ranker, f"user{user}", len(clicked))
-    return out["pre"], out["during"], truth
+    return events(seed, pre, during, users)
 
 
 def test_the_user_covariate_gives_the_ols_adjusted_difference_and_theta():

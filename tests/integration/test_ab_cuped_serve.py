@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
+from rankmeter.ab.clusters import user_hash
 from serving import Serve, produce, unique_topics, wait_until
 from test_ab import ab_series
 
@@ -26,25 +27,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.long]
 BASE, NEW, TEXTS = "base", "new", 40
 
 
-def stream(seed: int, pre: int, during: int, start: int):
+def stream(seed: int, pre: int, during: int, start: int, users: int = 0):
+    """Texts (or, with `users`, users on one ranker each, a tenth without a pre-period query)
+    with a persistent click propensity: ({phase: (impressions, feedback)}, truth per query:
+    phase, ranker, where x is kept (the text, or the user's hash bucket), clicks)."""
     rnd = random.Random(seed)
-    propensity = [rnd.random() for _ in range(TEXTS)]
+    propensity = [rnd.random() for _ in range(users or TEXTS)]
     phases: dict[str, tuple[list, list]] = {"pre": ([], []), "during": ([], [])}
     truth = []
     for q in range(pre + during):
         phase = "pre" if q < pre else "during"
-        qid, text, ranker = f"c{seed}-{q}", rnd.randrange(TEXTS), (NEW if q % 2 else BASE)
+        if users:
+            unit = rnd.randrange(users * 9 // 10) if phase == "pre" else rnd.randrange(users)
+            ranker, who = (NEW if unit % 2 else BASE), {"client_id": f"user-{unit}"}
+            where = user_hash(f"user-{unit}") % 65_536
+        else:
+            unit = where = rnd.randrange(TEXTS)
+            ranker, who = (NEW if q % 2 else BASE), {"user_query": f"Text  {unit}"}  # (case and spacing folded)
+        qid = f"c{seed}-{q}"
         # (the pre-period: 1 to 3 hours before the start, past the attribution window and its grace)
         t = start - 3 * 3_600_000 + rnd.randrange(2 * 3_600_000) if phase == "pre" else start + rnd.randrange(200_000)
         results = [f"doc{n}" for n in rnd.sample(range(300), 10)]
         lift = 0.05 if (phase, ranker) == ("during", NEW) else 0.0
-        clicked = [d for d in results if rnd.random() < 0.4 * propensity[text] + lift]
+        clicked = [d for d in results if rnd.random() < 0.4 * propensity[unit] + lift]
         impressions, feedback = phases[phase]
-        impressions.append((qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
-                                  "user_query": f"Text  {text}"}))   # (case and spacing folded by the hash)
+        impressions.append((qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results, **who}))
         feedback += [(qid, {"query_id": qid, "doc_id": d, "timestamp": t + 1000, "action": "click",
                             "event_id": f"{qid}-{d}"}) for d in clicked]
-        truth.append((phase, ranker, text, len(clicked)))
+        truth.append((phase, ranker, where, len(clicked)))
     return phases, truth
 
 
@@ -72,6 +82,20 @@ def expected(truth) -> dict:
             "raw": y[arm == 1].mean() - y[arm == 0].mean(), "n": len(y)}
 
 
+
+def clicks_series(serve) -> dict:
+    """The Clicks macro comparison's exported series, the arms' query counts and the decision."""
+    got = {}
+    for (name, labels), v in ab_series(serve).items():
+        d = dict(labels)
+        if d.get("metric") == "Clicks" and d.get("average") == "macro":
+            got[name] = v
+        if name == "rankmeter_ab_queries":
+            got[f"queries {d['ranker']}"] = v
+        if name == "rankmeter_ab_decision" and v == 1:
+            got["decision"] = d["decision"]
+    return got
+
 def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bootstrap, redis_url, tmp_path: Path):
     start = int(time.time() * 1000) - 300_000
     phases, truth = stream(33, 2000, 2000, start)
@@ -95,22 +119,10 @@ def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bo
     produce(kafka_bootstrap, topics.impressions, impressions)
     produce(kafka_bootstrap, topics.feedback, feedback)
     with Serve(kafka_bootstrap, redis_url, topics, group, prefix, env, log_path=tmp_path / "serve.log").start() as serve:
-        def clicks() -> dict:
-            got = {}
-            for (name, labels), v in ab_series(serve).items():
-                d = dict(labels)
-                if d.get("metric") == "Clicks" and d.get("average") == "macro":
-                    got[name] = v
-                if name == "rankmeter_ab_queries":
-                    got[f"queries {d['ranker']}"] = v
-                if name == "rankmeter_ab_decision" and v == 1:
-                    got["decision"] = d["decision"]
-            return got
-
-        wait_until(lambda: clicks().get("queries new", 0) + clicks().get("queries base", 0) == want["n"]
-                   and "rankmeter_ab_variance_reduction" in clicks(), 90, "the experiment to be consumed")
-        wait_until(lambda: clicks().get("decision") == "ship", 30, "ship")
-        got = clicks()
+        wait_until(lambda: clicks_series(serve).get("queries new", 0) + clicks_series(serve).get("queries base", 0) == want["n"]
+                   and "rankmeter_ab_variance_reduction" in clicks_series(serve), 90, "the experiment to be consumed")
+        wait_until(lambda: clicks_series(serve).get("decision") == "ship", 30, "ship")
+        got = clicks_series(serve)
     assert got["rankmeter_ab_delta"] == pytest.approx(want["delta"], abs=1e-9)
     assert got["rankmeter_ab_variance_reduction"] == pytest.approx(want["variance_reduction"], abs=1e-9)
     assert abs(want["delta"] - want["raw"]) > 1e-6   # (adjusted: not the raw difference)
@@ -119,28 +131,8 @@ def test_the_exported_cuped_difference_and_variance_reduction_equal_ols(kafka_bo
 def test_the_user_covariate_gives_the_ols_difference_end_to_end(kafka_bootstrap, redis_url, tmp_path: Path):
     """ab.cuped_covariate: user with ab.unit: user: x is the user's pre-period mean of
     Clicks (the user's hash modulo 65,536), the pooled mean for a user without one."""
-    from rankmeter.ab.clusters import user_hash
-
     start = int(time.time() * 1000) - 300_000
-    rnd = random.Random(34)
-    users = 200
-    propensity = [rnd.random() for _ in range(users)]
-    phases: dict[str, tuple[list, list]] = {"pre": ([], []), "during": ([], [])}
-    truth = []
-    for q in range(4000):
-        phase = "pre" if q < 2000 else "during"
-        user = rnd.randrange(users * 9 // 10) if phase == "pre" else rnd.randrange(users)   # (a tenth: none before)
-        qid, ranker = f"u{q}", (NEW if user % 2 else BASE)
-        t = start - 3 * 3_600_000 + rnd.randrange(2 * 3_600_000) if phase == "pre" else start + rnd.randrange(200_000)
-        results = [f"doc{n}" for n in rnd.sample(range(300), 10)]
-        lift = 0.05 if (phase, ranker) == ("during", NEW) else 0.0
-        clicked = [d for d in results if rnd.random() < 0.4 * propensity[user] + lift]
-        impressions, feedback = phases[phase]
-        impressions.append((qid, {"query_id": qid, "ranker": ranker, "timestamp": t, "results": results,
-                                  "client_id": f"user-{user}"}))
-        feedback += [(qid, {"query_id": qid, "doc_id": d, "timestamp": t + 1000, "action": "click",
-                            "event_id": f"{qid}-{d}"}) for d in clicked]
-        truth.append((phase, ranker, user_hash(f"user-{user}") % 65_536, len(clicked)))
+    phases, truth = stream(34, 2000, 2000, start, users=200)
     pre: dict[int, list[int]] = {}
     for phase, _, where, clicks in truth:
         if phase == "pre":
@@ -167,18 +159,8 @@ def test_the_user_covariate_gives_the_ols_difference_end_to_end(kafka_bootstrap,
                            60, "the pre-period to be consumed")
                 continue
 
-            def clicks() -> dict:
-                got = {}
-                for (series, labels), v in ab_series(serve).items():
-                    d = dict(labels)
-                    if d.get("metric") == "Clicks" and d.get("average") == "macro":
-                        got[series] = v
-                    if series == "rankmeter_ab_queries":
-                        got[f"queries {d['ranker']}"] = v
-                return got
-
-            wait_until(lambda: clicks().get("queries new", 0) + clicks().get("queries base", 0) == len(y)
-                       and "rankmeter_ab_variance_reduction" in clicks(), 90, "the experiment to be consumed")
-            got = clicks()
+            wait_until(lambda: clicks_series(serve).get("queries new", 0) + clicks_series(serve).get("queries base", 0) == len(y)
+                       and "rankmeter_ab_variance_reduction" in clicks_series(serve), 90, "the experiment to be consumed")
+            got = clicks_series(serve)
     assert got["rankmeter_ab_delta"] == pytest.approx(delta, abs=1e-9)
     assert got["rankmeter_ab_variance_reduction"] > 0.2
