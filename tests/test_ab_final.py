@@ -193,6 +193,9 @@ def test_turning_cuped_on_is_a_new_experiment_with_a_note(world):
     assert not [n for n in notes if "declared" in n]
     user = _restarted(store, RANKMETER_AB_CUPED="true", RANKMETER_AB_UNIT="user", RANKMETER_AB_CUPED_COVARIATE="user")
     assert user.experiments.name.endswith("+cuped-user")
+    # Review 3, H3: other buckets are another table and other means: another experiment.
+    buckets = _restarted(store, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    assert buckets.experiments.name.endswith("+cuped-b4096")
 
 
 def test_a_final_verdict_an_earlier_release_stored_under_the_experiment_still_holds(world):

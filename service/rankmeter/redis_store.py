@@ -36,7 +36,8 @@ from redis.exceptions import RedisClusterException
 
 from rankmeter import redis_hashes, redis_users
 from rankmeter.ab import hll
-from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, layout_history, numbers
+from rankmeter.store import (FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, Refused, layout_history,
+                             numbers)
 
 # Admits a label value while fewer than the cap were used within the idle time; atomic
 # across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
@@ -141,7 +142,7 @@ class RedisStore:
     # ConnectionError); a cluster mid-failover says CLUSTERDOWN. A Redis at its maxmemory
     # (noeviction) refuses writes with OOM: nothing is written, and serve waits the same way.
     full = (redis.exceptions.OutOfMemoryError,)
-    unavailable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, *full)
+    unavailable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, Refused, *full)
 
     def __init__(self, url: str, prefix: str = "rankmeter", cluster: bool = False) -> None:
         self.cluster = cluster

@@ -85,6 +85,12 @@ class PartitionSnapshot(NamedTuple):
     unreadable: tuple[tuple[str, str, str], ...] = ()
 
 
+class Refused(Exception):
+    """The store did not keep what must be stored before a batch goes on (a read-only
+    replica, a full Redis answering a write with an error the call swallowed): the batch
+    waits and is read again, as for any store unavailable."""
+
+
 class Store(Protocol):
     # What the store raises while it cannot be reached or cannot take writes (serve waits
     # and reloads); `full`, those of them that say it is out of memory (for /readyz).
@@ -178,7 +184,7 @@ def layout_history(meta: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
 class MemoryStore:
     """The store in this process's memory: for the embedded demo and unit tests."""
 
-    unavailable: tuple[type[Exception], ...] = ()
+    unavailable: tuple[type[Exception], ...] = (Refused,)
     full: tuple[type[Exception], ...] = ()
 
     def __init__(self) -> None:

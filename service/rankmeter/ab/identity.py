@@ -89,9 +89,12 @@ def phase(settings: AB) -> Phase | None:
 
 
 def _cuped(settings: AB) -> str:
+    """`cuped`, `cuped-user` with the user covariate, `-b<buckets>` with other than the
+    default buckets (another table, other means: another covariate); empty without CUPED."""
     if not settings.cuped:
         return ""
-    return "cuped" if settings.cuped_covariate == "text" else f"cuped-{settings.cuped_covariate}"
+    tag = "cuped" if settings.cuped_covariate == "text" else f"cuped-{settings.cuped_covariate}"
+    return tag if settings.cuped_buckets == AB().cuped_buckets else f"{tag}-b{settings.cuped_buckets}"
 
 
 def declaration_text(settings: AB) -> str:

@@ -41,6 +41,7 @@ or layout) is left out and counted (rankmeter_store_unreadable_total).
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -50,8 +51,10 @@ from rankmeter.config import Settings, duration_ms, time_ms
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline.state import PartitionState
-from rankmeter.store import Store
+from rankmeter.store import Refused, Store
 from rankmeter.unreadable import Unreadable
+
+log = logging.getLogger("rankmeter.pipeline")
 
 PRE = "cuped\x1f\x1fpre"            # a partition's pre-period table by query text, with its A/B sums
 PRE_USER = "cuped\x1f\x1fpre-user"  # ... by user (ab.cuped_covariate: user)
@@ -100,8 +103,8 @@ class Covariates:
         self.buckets = a.cuped_buckets
         self.measures = measures   # the A/B layout's columns
         self.store, self.held, self.unreadable = store, held, unreadable
-        self._means: tuple[np.ndarray, np.ndarray] | None = None   # [buckets, measures], [measures], ...
-        self._means_of = ""                                          # ... of this experiment, as stored
+        self._means: tuple[np.ndarray, np.ndarray] | None = None   # [buckets, measures], [measures], as stored
+        self._text = self._key = ""                                  # ... their stored text, and its key
 
     @property
     def size(self) -> int:
@@ -183,17 +186,36 @@ class Covariates:
 
     def means(self, experiment: str) -> tuple[np.ndarray, np.ndarray]:
         """The experiment's x: [buckets, measures] means and the pooled mean [measures], as
-        the first process to need them stored them (from the tables as they were then)."""
-        if self._means is None or self._means_of != experiment:
-            key, mine = experiment + MEANS, self.from_tables()
-            got = _decoded(self.store.define_experiment(key, _encoded(*mine)), self.buckets, self.measures)
-            if got is None:   # (another size: another ab.cuped_buckets or layout; or not ours)
+        the first process to need them stored them (from the tables as they were then).
+        Never this process's own unless the store kept them: a store that refuses the
+        write raises `Refused` (the batch waits), as x must be the same for every process."""
+        if self._means is None:
+            key, mine = experiment + MEANS, _encoded(*self.from_tables())
+            text = self.store.define_experiment(key, mine)
+            if text and _decoded(text, self.buckets, self.measures) is None:   # (not ours: replaced, counted)
                 self.unreadable.skip("experiment", f"ab:definition:{key}", "means",
                                      f"not {self.buckets} × {self.measures} finite means: replaced")
-                got = _decoded(self.store.define_experiment(key, _encoded(*mine), replace=True),
-                               self.buckets, self.measures) or mine
-            self._means, self._means_of = got, experiment
+                text = self.store.define_experiment(key, mine, replace=True)
+            got = _decoded(text, self.buckets, self.measures)
+            if got is None:
+                raise Refused(f"the experiment's covariate means were not stored ({key})")
+            self._means, self._text, self._key = got, text, key
         return self._means
+
+    def resolve(self) -> None:
+        """At every claim: the means this process uses stored back if the store lost them
+        (else a process started later would take others, from the tables as they are now);
+        ones the store holds that are not these (it lost them and another process stored
+        its own first) are followed from now on, counted and logged: queries evaluated
+        since then mix two x's."""
+        if self._means is None:
+            return
+        text = self.store.define_experiment(self._key, self._text)
+        if text and text != self._text and (got := _decoded(text, self.buckets, self.measures)) is not None:
+            self.unreadable.skip("experiment", f"ab:definition:{self._key}", "means",
+                                 "not the means this process adjusted with (the store lost them): following the stored")
+            log.error("the experiment's covariate means in the store are not this process's", extra={"key": self._key})
+            self._means, self._text = got, text
 
     def from_tables(self) -> tuple[np.ndarray, np.ndarray]:
         """[buckets, measures] pre-period means over every partition's table (read one at a

@@ -158,8 +158,9 @@ class Experiments:
         return self.phase.name
 
     def resolve(self) -> None:
-        """The experiment's stored definition, read at every claim (pipeline/phases.py)."""
+        """The experiment's stored definition and covariate means, read at every claim."""
         self.phase.resolve()
+        self.covariates.resolve()
 
     def forget(self, keep_saved: bool = False) -> None:
         """No results exported: they are partition 0's holder's. Unless this process claims
