@@ -275,7 +275,7 @@ def test_a_restart_after_the_start_does_not_move_the_adjusted_delta(pre_after_en
         assert a.variance_reduction > 0.1 and b.variance_reduction == pytest.approx(a.variance_reduction, abs=1e-9)
 
 
-@pytest.mark.parametrize("stored", ["garbage", "nan"])
+@pytest.mark.parametrize("stored", ["garbage", "nan", ""])
 def test_stored_means_that_are_not_the_covariates_are_replaced_and_counted(stored):
     import base64
     from rankmeter.pipeline.covariates import MEANS
@@ -287,9 +287,15 @@ def test_stored_means_that_are_not_the_covariates_are_replaced_and_counted(store
         stored = base64.b64encode(np.full(4097 * m, np.nan).tobytes()).decode()
     s.store.definitions[name + MEANS] = stored
     feed(s.pipeline, s.bus, pre + during)
-    assert s.pipeline.unreadable.counts["experiment"] == 1
+    # (review 4: an empty value was never replaced, so every batch waited for good)
+    assert s.pipeline.unreadable.counts["experiment"] == (1 if stored else 0)
     assert s.store.definitions[name + MEANS] != stored
     assert s.pipeline.experiments.look().comparisons
+    kept = s.store.definitions[name + MEANS]
+    s.store.definitions[name + MEANS] = "garbage"   # at a claim (review 4, M2): written back, counted
+    s.pipeline.experiments.resolve()
+    assert s.store.definitions[name + MEANS] == kept
+    assert s.pipeline.unreadable.counts["experiment"] == (2 if stored else 1)
 
 
 def test_means_the_store_does_not_keep_are_never_used_the_batch_waits():
@@ -302,6 +308,10 @@ def test_means_the_store_does_not_keep_are_never_used_the_batch_waits():
     s.store.define_experiment = lambda name, text, replace=False: ""
     with pytest.raises(Refused):
         feed(s.pipeline, s.bus, during)
+    # ... which serve's batch loop catches as the store unavailable (it waits, reloads, retries)
+    from rankmeter.redis_store import RedisStore
+    from rankmeter.store import MemoryStore
+    assert Refused in RedisStore.unavailable and Refused in MemoryStore.unavailable
 
 
 def test_means_the_store_lost_are_stored_back_at_a_claim_and_others_followed_counted():
@@ -322,4 +332,4 @@ def test_means_the_store_lost_are_stored_back_at_a_claim_and_others_followed_cou
     s.store.definitions[key] = _encoded(means + 1.0, pooled)
     s.pipeline.experiments.resolve()
     assert s.pipeline.unreadable.counts["experiment"] == 1
-    assert np.array_equal(s.pipeline.experiments.covariates.means("")[0], means + 1.0)
+    assert np.array_equal(s.pipeline.experiments.covariates.means(s.pipeline.experiments.name)[0], means + 1.0)

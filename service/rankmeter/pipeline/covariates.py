@@ -191,16 +191,25 @@ class Covariates:
         write raises `Refused` (the batch waits), as x must be the same for every process."""
         if self._means is None:
             key, mine = experiment + MEANS, _encoded(*self.from_tables())
-            text = self.store.define_experiment(key, mine)
-            if text and _decoded(text, self.buckets, self.measures) is None:   # (not ours: replaced, counted)
-                self.unreadable.skip("experiment", f"ab:definition:{key}", "means",
-                                     f"not {self.buckets} × {self.measures} finite means: replaced")
-                text = self.store.define_experiment(key, mine, replace=True)
+            text = self._stored(key, mine)
             got = _decoded(text, self.buckets, self.measures)
-            if got is None:
+            if got is None:   # (nothing stored: a read-only replica, a full Redis)
                 raise Refused(f"the experiment's covariate means were not stored ({key})")
             self._means, self._text, self._key = got, text, key
+        assert self._key == experiment + MEANS, "one experiment a process"
         return self._means
+
+    def _stored(self, key: str, mine: str) -> str:
+        """The means stored under `key` (`mine` if none were); ones that are not means of
+        this size (not ours, empty, another type) replaced by `mine`, counted when there
+        was something."""
+        text = self.store.define_experiment(key, mine)
+        if _decoded(text, self.buckets, self.measures) is None:
+            if text:
+                self.unreadable.skip("experiment", f"ab:definition:{key}", "means",
+                                     f"not {self.buckets} × {self.measures} finite means: replaced")
+            text = self.store.define_experiment(key, mine, replace=True)
+        return text
 
     def resolve(self) -> None:
         """At every claim: the means this process uses stored back if the store lost them
@@ -210,7 +219,8 @@ class Covariates:
         since then mix two x's."""
         if self._means is None:
             return
-        text = self.store.define_experiment(self._key, self._text)
+        # (6.3 MB sent and read back at each claim with the defaults: claims are rare)
+        text = self._stored(self._key, self._text)
         if text and text != self._text and (got := _decoded(text, self.buckets, self.measures)) is not None:
             self.unreadable.skip("experiment", f"ab:definition:{self._key}", "means",
                                  "not the means this process adjusted with (the store lost them): following the stored")
