@@ -2,12 +2,14 @@
 comparison's running p-value, sequence and τ², the SRM's running minimum, the final
 decisions), and what this process last saved of them, written apart from the
 partitions' checkpoints. A look reading back less than it saved found them lost (a
-restore, a failover): it goes on from the tighter of both, counted (`lost`) and logged."""
+restore, a failover): it goes on from the tighter of both, counted (`lost`) and logged.
+`marks`: the records a look once saved (`<experiment>|tested`), so that one missing with
+no process remembering it (evicted, deleted, another mixture setting) is known lost."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from rankmeter.ab.experiment import readable, tighter
 from rankmeter.store import Store
@@ -41,6 +43,19 @@ class RunningRecords:
             log.error("the state store lost the experiment's last running statistics: going on from "
                       "what this process saved", extra={"experiment": key})
         return merged, [f for f in bad if f not in saved]
+
+    def marks(self, key: str) -> dict[str, str]:
+        """The fields of a `|tested` key (field -> when first saved; only names matter),
+        with what this process saved where the store lost them."""
+        return {**self.store.load_running(key), **self.saved.get(key, {})}
+
+    def mark(self, key: str, fields: Iterable[str], now_ms: int, owner: int) -> None:
+        """Marks `fields` (just stored) in the `|tested` key; marks the store lost, written back."""
+        stored = self.store.load_running(key)
+        marks = {**stored, **self.saved.get(key, {})}
+        marks.update({f: str(now_ms) for f in fields if f not in marks})
+        if marks != stored:
+            self.save(key, marks, owner)
 
     def save(self, key: str, running: Mapping[str, str], owner: int) -> bool:
         """Saved unless a newer holder of partition 0 has claimed it (then False)."""
