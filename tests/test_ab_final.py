@@ -372,3 +372,38 @@ def test_records_and_marks_both_gone_begin_again(shipping):
     state, marks = _state_and_marks(store)
     store.running[state], store.running[marks] = {}, {}
     assert _decision(_restarted(store)) == "ship"
+
+
+def test_a_record_lost_is_counted_once_and_its_no_ship_stored_again_if_that_is_lost_too(shipping, caplog):
+    """Review (session 10) M2: a marked record that stayed missing was counted and logged
+    at every look; M1: once it was saved again, a lost no_ship let the treatment ship."""
+    store, _, _ = shipping
+    state, marks = _state_and_marks(store)
+    del store.running[state][BASE]
+    again = _restarted(store)
+    for _ in range(4):
+        assert _decision(again) == "keep_running"
+    # (`lost` also counts the fake look's records read back in another spelling: the log says which)
+    assert sum("a look had saved" in r.getMessage() for r in caplog.records) == 1
+    assert store.running[marks][BASE].startswith("lost ")
+    scope = final.key(again.experiments.phase.phase.comparison)
+    del store.running[scope]["new\x1f"]          # the no_ship lost too (evicted, another shard)
+    latest = _restarted(store)
+    assert _decision(latest) == "keep_running"
+    assert sum("a look had saved" in r.getMessage() for r in caplog.records) == 1
+    assert final.parsed(store.running[scope]["new\x1f"])[0] == "no_ship"
+
+
+def test_marks_are_written_after_the_records_and_read_before_them(shipping, monkeypatch):
+    """Review (session 10) L1/L2: a reader between the two writes must never see a mark
+    without its record."""
+    store, pipeline, _ = shipping
+    order = []
+    save, load = store.save_running, store.load_running
+    monkeypatch.setattr(store, "save_running", lambda k, *a, **kw: order.append(("save", k)) or save(k, *a, **kw))
+    monkeypatch.setattr(store, "load_running", lambda k: order.append(("load", k)) or load(k))
+    state, marks = _state_and_marks(store)
+    del store.running[marks][BASE]   # (so that this look writes the marks again)
+    pipeline.ab_look()
+    assert order.index(("load", marks)) < order.index(("load", state))
+    assert order.index(("save", state)) < order.index(("save", marks))

@@ -16,6 +16,7 @@ from rankmeter.store import Store
 from rankmeter.unreadable import Unreadable
 
 log = logging.getLogger("rankmeter.pipeline")
+LOST = "lost"  # a mark's value once its record was found missing (else: when it was first stored)
 
 
 class RunningRecords:
@@ -49,11 +50,25 @@ class RunningRecords:
         with what this process saved where the store lost them."""
         return {**self.store.load_running(key), **self.saved.get(key, {})}
 
-    def mark(self, key: str, fields: Iterable[str], now_ms: int, owner: int) -> None:
-        """Marks `fields` (just stored) in the `|tested` key; marks the store lost, written back."""
+    def missing(self, marked: Mapping[str, str], running: Mapping[str, str], unreadable: Iterable[str],
+                experiment: str) -> tuple[list[str], list[str]]:
+        """The marked records missing from `running` (counted and logged, once: `mark` then
+        marks them lost), and those found lost before: their treatments' no_ship is stored
+        again if the store lost it too."""
+        found = [f for f, text in marked.items() if f not in running and f not in unreadable and not text.startswith(LOST)]
+        if found:
+            self.lost += 1
+            log.error("the state store lost running statistics a look had saved: they begin again "
+                      "(the treatments they decide never ship)", extra={"experiment": experiment, "fields": found[:10]})
+        return found, [f for f, text in marked.items() if text.startswith(LOST)]
+
+    def mark(self, key: str, fields: Iterable[str], lost: Iterable[str], now_ms: int, owner: int) -> None:
+        """Marks `fields` (just stored) in the `|tested` key, and `lost` as lost for good (after
+        their no_ship was stored); marks the store lost, written back."""
         stored = self.store.load_running(key)
         marks = {**stored, **self.saved.get(key, {})}
         marks.update({f: str(now_ms) for f in fields if f not in marks})
+        marks.update({f: f"{LOST} {now_ms}" for f in lost})
         if marks != stored:
             self.save(key, marks, owner)
 
