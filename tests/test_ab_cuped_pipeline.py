@@ -359,3 +359,19 @@ def test_a_process_finding_the_means_stored_reads_no_table_and_a_claim_sends_non
     del s.store.definitions[key]   # lost: stored back at the next claim, as before
     s.pipeline.experiments.resolve()
     assert defined == [key] and s.store.definitions[key] == kept
+
+
+def test_means_another_process_stored_are_followed_at_the_next_look_not_only_at_a_claim():
+    """Review (session 10) M3: with no rebalance a process adjusted with its own means for
+    good while the store held others, uncounted."""
+    from rankmeter.pipeline.covariates import MEANS, _encoded
+    from rankmeter.serve import _look_at_experiment
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(3, 300, 300)
+    feed(s.pipeline, s.bus, pre + during)
+    covariates = s.pipeline.experiments.covariates
+    means, pooled = covariates.means(s.pipeline.experiments.name)
+    s.store.definitions[s.pipeline.experiments.name + MEANS] = _encoded(means + 1.0, pooled)
+    assert _look_at_experiment(s.pipeline, s.store.unavailable)
+    assert s.pipeline.unreadable.counts["experiment"] == 1
+    assert np.array_equal(covariates.means(s.pipeline.experiments.name)[0], means + 1.0)
