@@ -147,6 +147,10 @@ class Harvester:
         # query -> the graded impressions its documents in the table hold (`support`).
         self.graded: dict[str, float] = {}
         self.evicted = 0
+        # The last query's pooled grades as arrays (`_pooled`), until its entries change: a
+        # closed query's ideal is read for a few weights in a row, and building the array
+        # from the rows was most of `relevance`'s cost.
+        self._last: tuple[str, list[str], np.ndarray, list[float]] | None = None
 
     def observe(self, query: str, shown: Sequence[str], clicked: Collection[str],
                 grades: Mapping[str, float] | None = None) -> None:
@@ -165,6 +169,8 @@ class Harvester:
         each document once. A slot is a rank here; for the UBM table
         (`clickmodels.placements`) a rank and the distance to the last click above."""
         clicks, pairs = self.sums
+        if self._last is not None and self._last[0] == query:
+            self._last = None
         docs = self.by_query.setdefault(query, {})
         k_all = range(self.ranks)
         for rank, doc in placed:
@@ -206,6 +212,8 @@ class Harvester:
             (q, d), entry = self.entries.popitem(last=False)
             held = self.by_query[q]
             del held[d]
+            if self._last is not None and self._last[0] == q:
+                self._last = None
             if q in self.graded:
                 self.graded[q] -= sum(entry[GRADED])
             if not held:
@@ -231,12 +239,19 @@ class Harvester:
         if given:
             w[:len(given)] = given
             w[len(given):] = given[-1]
-        names = list(docs)
-        table = np.array([self.entries[(query, d)] for d in names])  # [docs, 4, K]
-        graded = table[:, GRADED].sum(axis=1)
-        supported = (graded >= self.min_support) & (graded > 0)
-        values = table[:, GRADE] @ w
+        names, grade, graded = self._pooled(query)
+        supported = [g >= self.min_support and g > 0 for g in graded]
+        values = grade @ w
         return {d: float(values[i] / graded[i]) for i, d in enumerate(names) if supported[i]}
+
+    def _pooled(self, query: str) -> tuple[list[str], np.ndarray, list[float]]:
+        """The query's documents, their GRADE rows ([docs, K]) and graded impressions
+        (exact integers, so summed in any order), cached for the last query read."""
+        if self._last is None or self._last[0] != query:
+            names = list(self.by_query[query])
+            rows = [self.entries[(query, d)] for d in names]
+            self._last = (query, names, np.array([e[GRADE] for e in rows]), [sum(e[GRADED]) for e in rows])
+        return self._last[1:]
 
     def ideal_dcg(self, query: str, weights: Sequence[float], depth: int = 10) -> float | None:
         """The query text's pooled ideal DCG@`depth`: its documents' r̂ (`relevance`)
@@ -287,22 +302,27 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
         return Propensities([1.0] + [None] * (k - 1), support.tolist(), 0)
     n = sums.pairs[np.ix_(use, use)]
     c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
-    nc = n - c
     has = n > 0
+    # Non-clicks, 0 where the pair has no data: so the posteriors need no masking there.
+    nc = np.where(has, n - c, 0.0)
     rows = n.sum(axis=1)
     p = np.full(len(use), 0.5)
     rel = np.where(has, 0.5, 0.0)
+    # Loop invariants and rel_new's buffer (0 where no pair, as divide(where=has) leaves it;
+    # swapped with rel): fewer operations a step, the same values.
+    nn, spare = n + n.T, np.zeros_like(n)
     iterations = 0
     for iterations in range(1, max_iterations + 1):
-        x = np.minimum(p[:, None] * rel, 1.0 - 1e-12)
-        # Posteriors of a non-click (module docstring); 0 where the pair has no data.
-        examined = np.where(has, p[:, None] * (1.0 - rel) / (1.0 - x), 0.0)
-        relevant = np.where(has, (1.0 - p[:, None]) * rel / (1.0 - x), 0.0)
+        pc = p[:, None]
+        one_x = 1.0 - np.minimum(pc * rel, 1.0 - 1e-12)
+        # Posteriors of a non-click (module docstring); finite where no pair, and nc is 0 there.
+        examined = pc * (1.0 - rel) / one_x
+        relevant = (1.0 - pc) * rel / one_x
         p_new = (c + nc * examined).sum(axis=1) / rows
         rel_mass = c + nc * relevant
-        rel_new = np.divide(rel_mass + rel_mass.T, n + n.T, out=np.zeros_like(n), where=has)
+        rel_new = np.divide(rel_mass + rel_mass.T, nn, out=spare, where=has)
         change = max(np.abs(p_new - p).max(), np.abs(rel_new - rel).max())
-        p, rel = p_new, rel_new
+        p, rel, spare = p_new, rel_new, rel
         if change < tolerance:
             break
     relative: list[float | None] = [None] * k

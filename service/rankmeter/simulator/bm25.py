@@ -33,6 +33,7 @@ class Index:
                 self.postings[term].append((i, tf))
         self.lengths = np.array([doc.length for doc in corpus.documents], dtype=float)
         self.avgdl = float(self.lengths.mean())
+        self._length = self.lengths.tolist()  # Python floats: the same sums, without numpy's per-item cost
         n = len(corpus.documents)
         self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
 
@@ -41,7 +42,7 @@ class Index:
         for term in query.terms:
             idf = self.idf.get(term, 0.0)
             for i, tf in self.postings.get(term, ()):
-                norm = ranker.k1 * (1 - ranker.b + ranker.b * self.lengths[i] / self.avgdl)
+                norm = ranker.k1 * (1 - ranker.b + ranker.b * self._length[i] / self.avgdl)
                 out[i] += idf * tf * (ranker.k1 + 1) / (tf + norm)
         return out
 
