@@ -138,7 +138,10 @@ class Harvester:
         if capacity < 1:
             raise ValueError(f"capacity {capacity}: at least 1")
         self.ranks, self.capacity, self.min_support = ranks, capacity, min_support
-        self.sums = PairSums.zeros(ranks)
+        # The pair sums as rows of Python floats (`sums` makes the arrays): the harvest moves
+        # a few cells a document, where numpy's per-item cost was most of it.
+        self._clicks = [[0.0] * ranks for _ in range(ranks)]
+        self._pairs = [[0.0] * ranks for _ in range(ranks)]
         # (query, doc) -> [4, K]: the rows SHOWN, CLICKED, GRADE, GRADED per rank. Ordered
         # by last impression, least recent first: the eviction order.
         self.entries: OrderedDict[tuple[str, str], list[list[float]]] = OrderedDict()
@@ -151,6 +154,11 @@ class Harvester:
         # closed query's ideal is read for a few weights in a row, and building the array
         # from the rows was most of `relevance`'s cost.
         self._last: tuple[str, list[str], np.ndarray, list[float]] | None = None
+
+    @property
+    def sums(self) -> PairSums:
+        """The PairSums its entries have contributed (new arrays at every read)."""
+        return PairSums(np.array(self._clicks), np.array(self._pairs))
 
     def observe(self, query: str, shown: Sequence[str], clicked: Collection[str],
                 grades: Mapping[str, float] | None = None) -> None:
@@ -168,11 +176,10 @@ class Harvester:
         """`observe` with each document's slot given: (slot, document), slots < `ranks`,
         each document once. A slot is a rank here; for the UBM table
         (`clickmodels.placements`) a rank and the distance to the last click above."""
-        clicks, pairs = self.sums
+        clicks, pairs = self._clicks, self._pairs
         if self._last is not None and self._last[0] == query:
             self._last = None
         docs = self.by_query.setdefault(query, {})
-        k_all = range(self.ranks)
         for rank, doc in placed:
             key = (query, doc)
             entry = self.entries.get(key)
@@ -190,7 +197,7 @@ class Harvester:
                 self.graded[query] = self.graded.get(query, 0.0) + 1
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
-            others = [k for k in k_all if n[k] and k != rank]
+            others = [k for k, shown in enumerate(n) if shown and k != rank]
             new_rank = n[rank] == 0
             old_ctr = 0.0 if new_rank else c[rank] / n[rank]
             n[rank] += 1
@@ -199,11 +206,11 @@ class Harvester:
                 continue  # shown at one rank only: no pair yet
             moved = c[rank] / n[rank] - old_ctr
             for k in others:
-                clicks[rank, k] += moved
+                clicks[rank][k] += moved
                 if new_rank:  # a new pair (rank, k) for every other rank k it was shown at
-                    pairs[rank, k] += 1
-                    pairs[k, rank] += 1
-                    clicks[k, rank] += c[k] / n[k]
+                    pairs[rank][k] += 1
+                    pairs[k][rank] += 1
+                    clicks[k][rank] += c[k] / n[k]
         if not docs:  # nothing shown
             del self.by_query[query]
         while len(self.entries) > self.capacity:
@@ -318,10 +325,10 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
         # Posteriors of a non-click (module docstring); finite where no pair, and nc is 0 there.
         examined = pc * (1.0 - rel) / one_x
         relevant = (1.0 - pc) * rel / one_x
-        p_new = (c + nc * examined).sum(axis=1) / rows
+        p_new = np.add.reduce(c + nc * examined, axis=1) / rows  # ndarray.sum's own reduction
         rel_mass = c + nc * relevant
         rel_new = np.divide(rel_mass + rel_mass.T, nn, out=spare, where=has)
-        change = max(np.abs(p_new - p).max(), np.abs(rel_new - rel).max())
+        change = max(np.maximum.reduce(np.abs(p_new - p), axis=None), np.maximum.reduce(np.abs(rel_new - rel), axis=None))
         p, rel, spare = p_new, rel_new, rel
         if change < tolerance:
             break
