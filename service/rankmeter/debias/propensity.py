@@ -150,10 +150,11 @@ class Harvester:
         # query -> the graded impressions its documents in the table hold (`support`).
         self.graded: dict[str, float] = {}
         self.evicted = 0
-        # The last query's pooled grades as arrays (`_pooled`), until its entries change: a
-        # closed query's ideal is read for a few weights in a row, and building the array
-        # from the rows was most of `relevance`'s cost.
-        self._last: tuple[str, list[str], np.ndarray, list[float]] | None = None
+        # text -> [row of each of its documents, their GRADE rows (spare rows at the end),
+        # their graded impressions]: the pooled grades as arrays, made at the text's first
+        # `relevance` and moved with its entries from then on (building them at every read
+        # was most of its cost); dropped when the text loses a document. ≤ 8·K bytes an entry.
+        self._pool: dict[str, list] = {}
 
     @property
     def sums(self) -> PairSums:
@@ -177,8 +178,7 @@ class Harvester:
         each document once. A slot is a rank here; for the UBM table
         (`clickmodels.placements`) a rank and the distance to the last click above."""
         clicks, pairs = self._clicks, self._pairs
-        if self._last is not None and self._last[0] == query:
-            self._last = None
+        pool = self._pool.get(query)
         docs = self.by_query.setdefault(query, {})
         for rank, doc in placed:
             key = (query, doc)
@@ -191,10 +191,13 @@ class Harvester:
             else:
                 self.entries.move_to_end(key)
             n, c = entry[SHOWN], entry[CLICKED]
-            if grades is not None:
-                entry[GRADE][rank] += grades.get(doc, 0.0)
+            grade = None if grades is None else grades.get(doc, 0.0)
+            if grade is not None:
+                entry[GRADE][rank] += grade
                 entry[GRADED][rank] += 1
                 self.graded[query] = self.graded.get(query, 0.0) + 1
+            if pool is not None:
+                pooled_add(pool, doc, rank, grade)
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
             others = [k for k, shown in enumerate(n) if shown and k != rank]
@@ -219,8 +222,7 @@ class Harvester:
             (q, d), entry = self.entries.popitem(last=False)
             held = self.by_query[q]
             del held[d]
-            if self._last is not None and self._last[0] == q:
-                self._last = None
+            self._pool.pop(q, None)
             if q in self.graded:
                 self.graded[q] -= sum(entry[GRADED])
             if not held:
@@ -246,19 +248,16 @@ class Harvester:
         if given:
             w[:len(given)] = given
             w[len(given):] = given[-1]
-        names, grade, graded = self._pooled(query)
-        supported = [g >= self.min_support and g > 0 for g in graded]
-        values = grade @ w
-        return {d: float(values[i] / graded[i]) for i, d in enumerate(names) if supported[i]}
-
-    def _pooled(self, query: str) -> tuple[list[str], np.ndarray, list[float]]:
-        """The query's documents, their GRADE rows ([docs, K]) and graded impressions
-        (exact integers, so summed in any order), cached for the last query read."""
-        if self._last is None or self._last[0] != query:
-            names = list(self.by_query[query])
-            rows = [self.entries[(query, d)] for d in names]
-            self._last = (query, names, np.array([e[GRADE] for e in rows]), [sum(e[GRADED]) for e in rows])
-        return self._last[1:]
+        pool = self._pool.get(query)
+        if pool is None:
+            rows = [self.entries[(query, d)] for d in docs]
+            # Graded impressions are exact integers: summed in any order, the same.
+            pool = self._pool[query] = [{d: i for i, d in enumerate(docs)},
+                                        np.array([e[GRADE] for e in rows]), [sum(e[GRADED]) for e in rows]]
+        index, table, graded = pool
+        values = table[:len(graded)] @ w
+        return {d: float(values[i] / graded[i]) for d, i in index.items()
+                if graded[i] >= self.min_support and graded[i] > 0}
 
     def ideal_dcg(self, query: str, weights: Sequence[float], depth: int = 10) -> float | None:
         """The query text's pooled ideal DCG@`depth`: its documents' r̂ (`relevance`)
@@ -268,6 +267,21 @@ class Harvester:
         values = sorted(self.relevance(query, weights).values(), reverse=True)
         ideal = dcg_of(values, depth)
         return ideal if ideal > 0 else None
+
+
+def pooled_add(pool: list, doc: str, rank: int, grade: float | None) -> None:
+    """A text's pooled arrays (`Harvester._pool`) follow one observation of `doc` at
+    `rank`: a row for a new document, its grade (None: shown without grades)."""
+    index, table, graded = pool
+    i = index.get(doc)
+    if i is None:
+        i = index[doc] = len(graded)
+        graded.append(0.0)
+        if i == len(table):  # full: twice the rows
+            table = pool[1] = np.concatenate([table, np.zeros((max(len(table), 4), table.shape[1]))])
+    if grade is not None:
+        table[i, rank] += grade
+        graded[i] += 1
 
 
 class Propensities(NamedTuple):
