@@ -153,7 +153,8 @@ class Harvester:
         # text -> [row of each of its documents, their GRADE rows (spare rows at the end),
         # their graded impressions]: the pooled grades as arrays, made at the text's first
         # `relevance` and moved with its entries from then on (building them at every read
-        # was most of its cost); dropped when the text loses a document. ≤ 8·K bytes an entry.
+        # was most of its cost); dropped when the text loses a document. About 150 bytes an
+        # entry at K = 10 (docs/benchmarks.md).
         self._pool: dict[str, list] = {}
 
     @property
