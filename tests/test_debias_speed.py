@@ -217,3 +217,14 @@ def test_a_simulator_without_its_tally_sends_the_same_traffic():
     assert events(with_tally, 800) == events(without, 800)
     assert with_tally.truth.means() and without.truth.means() == {}
     assert Counter(e.stream for e in events(without, 10))["impressions"] == 10
+
+
+def test_a_nan_from_corrupt_stored_sums_stays_where_the_plain_em_leaves_it():
+    """Review (session 10): with the posteriors unmasked where a pair has no data, a NaN
+    propensity reached every rank through 0 × NaN on asymmetric (corrupt) stored sums."""
+    import warnings
+    from rankmeter.debias.propensity import PairSums, estimate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = estimate(PairSums(np.array([[0.0, 30.0], [0.0, 0.0]]), np.array([[0.0, 55.0], [0.0, 0.0]])), 0.0)
+    assert got.relative[0] == 1.0   # (the plain EM's [1.0, nan]; unmasked: [nan, nan])

@@ -325,21 +325,22 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
     n = sums.pairs[np.ix_(use, use)]
     c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
     has = n > 0
-    # Non-clicks, 0 where the pair has no data: so the posteriors need no masking there.
-    nc = np.where(has, n - c, 0.0)
+    nc = np.where(has, n - c, 0.0)  # non-clicks, 0 where the pair has no data
     rows = n.sum(axis=1)
     p = np.full(len(use), 0.5)
     rel = np.where(has, 0.5, 0.0)
     # Loop invariants and rel_new's buffer (0 where no pair, as divide(where=has) leaves it;
     # swapped with rel): fewer operations a step, the same values.
-    nn, spare = n + n.T, np.zeros_like(n)
+    nn, spare, no = n + n.T, np.zeros_like(n), ~has
     iterations = 0
     for iterations in range(1, max_iterations + 1):
         pc = p[:, None]
         one_x = 1.0 - np.minimum(pc * rel, 1.0 - 1e-12)
-        # Posteriors of a non-click (module docstring); finite where no pair, and nc is 0 there.
+        # Posteriors of a non-click (module docstring), 0 where no pair (a NaN p from stored
+        # sums must not reach the pairs that have data through 0 × NaN: review, session 10).
         examined = pc * (1.0 - rel) / one_x
         relevant = (1.0 - pc) * rel / one_x
+        examined[no] = relevant[no] = 0.0
         p_new = np.add.reduce(c + nc * examined, axis=1) / rows  # ndarray.sum's own reduction
         rel_mass = c + nc * relevant
         rel_new = np.divide(rel_mass + rel_mass.T, nn, out=spare, where=has)
