@@ -138,7 +138,8 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
              main: tuple[int, bool, bool], degrade_share: float = 1.0, react: float = 0.0,
              lean: bool = False) -> dict:
     sim = Simulator(seed=seed, run_id=f"s{seed}", click_model=model, examination=curve,
-                    track_examination=True, degrade_share=degrade_share, react=react)
+                    track_examination=True, degrade_share=degrade_share, react=react,
+                    tally=False)  # the truth below is the window's own
     rules = Evaluation()
     tables = ModelTables(10, DEFAULT_CAPACITY)
     harvester = tables.pbm  # the pbm table: the rows of the list's own ideal and the pooled variants

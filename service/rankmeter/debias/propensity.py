@@ -138,7 +138,10 @@ class Harvester:
         if capacity < 1:
             raise ValueError(f"capacity {capacity}: at least 1")
         self.ranks, self.capacity, self.min_support = ranks, capacity, min_support
-        self.sums = PairSums.zeros(ranks)
+        # The pair sums as rows of Python floats (`sums` makes the arrays): the harvest moves
+        # a few cells a document, where numpy's per-item cost was most of it.
+        self._clicks = [[0.0] * ranks for _ in range(ranks)]
+        self._pairs = [[0.0] * ranks for _ in range(ranks)]
         # (query, doc) -> [4, K]: the rows SHOWN, CLICKED, GRADE, GRADED per rank. Ordered
         # by last impression, least recent first: the eviction order.
         self.entries: OrderedDict[tuple[str, str], list[list[float]]] = OrderedDict()
@@ -147,6 +150,17 @@ class Harvester:
         # query -> the graded impressions its documents in the table hold (`support`).
         self.graded: dict[str, float] = {}
         self.evicted = 0
+        # text -> [row of each of its documents, their GRADE rows (spare rows at the end),
+        # their graded impressions]: the pooled grades as arrays, made at the text's first
+        # `relevance` and moved with its entries from then on (building them at every read
+        # was most of its cost); dropped when the text loses a document. About 150 bytes an
+        # entry at K = 10 (docs/benchmarks.md).
+        self._pool: dict[str, list] = {}
+
+    @property
+    def sums(self) -> PairSums:
+        """The PairSums its entries have contributed (new arrays at every read)."""
+        return PairSums(np.array(self._clicks), np.array(self._pairs))
 
     def observe(self, query: str, shown: Sequence[str], clicked: Collection[str],
                 grades: Mapping[str, float] | None = None) -> None:
@@ -164,9 +178,9 @@ class Harvester:
         """`observe` with each document's slot given: (slot, document), slots < `ranks`,
         each document once. A slot is a rank here; for the UBM table
         (`clickmodels.placements`) a rank and the distance to the last click above."""
-        clicks, pairs = self.sums
+        clicks, pairs = self._clicks, self._pairs
+        pool = self._pool.get(query)
         docs = self.by_query.setdefault(query, {})
-        k_all = range(self.ranks)
         for rank, doc in placed:
             key = (query, doc)
             entry = self.entries.get(key)
@@ -178,13 +192,16 @@ class Harvester:
             else:
                 self.entries.move_to_end(key)
             n, c = entry[SHOWN], entry[CLICKED]
-            if grades is not None:
-                entry[GRADE][rank] += grades.get(doc, 0.0)
+            grade = None if grades is None else grades.get(doc, 0.0)
+            if grade is not None:
+                entry[GRADE][rank] += grade
                 entry[GRADED][rank] += 1
                 self.graded[query] = self.graded.get(query, 0.0) + 1
+            if pool is not None:
+                pooled_add(pool, doc, rank, grade)
             # Only this entry's rank `rank` changes, so only its row and column of the
             # contribution (`contribution`) move; the rest is unchanged.
-            others = [k for k in k_all if n[k] and k != rank]
+            others = [k for k, shown in enumerate(n) if shown and k != rank]
             new_rank = n[rank] == 0
             old_ctr = 0.0 if new_rank else c[rank] / n[rank]
             n[rank] += 1
@@ -193,11 +210,11 @@ class Harvester:
                 continue  # shown at one rank only: no pair yet
             moved = c[rank] / n[rank] - old_ctr
             for k in others:
-                clicks[rank, k] += moved
+                clicks[rank][k] += moved
                 if new_rank:  # a new pair (rank, k) for every other rank k it was shown at
-                    pairs[rank, k] += 1
-                    pairs[k, rank] += 1
-                    clicks[k, rank] += c[k] / n[k]
+                    pairs[rank][k] += 1
+                    pairs[k][rank] += 1
+                    clicks[k][rank] += c[k] / n[k]
         if not docs:  # nothing shown
             del self.by_query[query]
         while len(self.entries) > self.capacity:
@@ -206,6 +223,7 @@ class Harvester:
             (q, d), entry = self.entries.popitem(last=False)
             held = self.by_query[q]
             del held[d]
+            self._pool.pop(q, None)
             if q in self.graded:
                 self.graded[q] -= sum(entry[GRADED])
             if not held:
@@ -231,12 +249,16 @@ class Harvester:
         if given:
             w[:len(given)] = given
             w[len(given):] = given[-1]
-        names = list(docs)
-        table = np.array([self.entries[(query, d)] for d in names])  # [docs, 4, K]
-        graded = table[:, GRADED].sum(axis=1)
-        supported = (graded >= self.min_support) & (graded > 0)
-        values = table[:, GRADE] @ w
-        return {d: float(values[i] / graded[i]) for i, d in enumerate(names) if supported[i]}
+        pool = self._pool.get(query)
+        if pool is None:
+            rows = [self.entries[(query, d)] for d in docs]
+            # Graded impressions are exact integers: summed in any order, the same.
+            pool = self._pool[query] = [{d: i for i, d in enumerate(docs)},
+                                        np.array([e[GRADE] for e in rows]), [sum(e[GRADED]) for e in rows]]
+        index, table, graded = pool
+        values = table[:len(graded)] @ w
+        return {d: float(values[i] / graded[i]) for d, i in index.items()
+                if graded[i] >= self.min_support and graded[i] > 0}
 
     def ideal_dcg(self, query: str, weights: Sequence[float], depth: int = 10) -> float | None:
         """The query text's pooled ideal DCG@`depth`: its documents' r̂ (`relevance`)
@@ -246,6 +268,21 @@ class Harvester:
         values = sorted(self.relevance(query, weights).values(), reverse=True)
         ideal = dcg_of(values, depth)
         return ideal if ideal > 0 else None
+
+
+def pooled_add(pool: list, doc: str, rank: int, grade: float | None) -> None:
+    """A text's pooled arrays (`Harvester._pool`) follow one observation of `doc` at
+    `rank`: a row for a new document, its grade (None: shown without grades)."""
+    index, table, graded = pool
+    i = index.get(doc)
+    if i is None:
+        i = index[doc] = len(graded)
+        graded.append(0.0)
+        if i == len(table):  # full: twice the rows
+            table = pool[1] = np.concatenate([table, np.zeros((max(len(table), 4), table.shape[1]))])
+    if grade is not None:
+        table[i, rank] += grade
+        graded[i] += 1
 
 
 class Propensities(NamedTuple):
@@ -287,22 +324,28 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
         return Propensities([1.0] + [None] * (k - 1), support.tolist(), 0)
     n = sums.pairs[np.ix_(use, use)]
     c = np.minimum(sums.clicks[np.ix_(use, use)], n)  # float drift never beyond the pairs
-    nc = n - c
     has = n > 0
+    nc = np.where(has, n - c, 0.0)  # non-clicks, 0 where the pair has no data
     rows = n.sum(axis=1)
     p = np.full(len(use), 0.5)
     rel = np.where(has, 0.5, 0.0)
+    # Loop invariants and rel_new's buffer (0 where no pair, as divide(where=has) leaves it;
+    # swapped with rel): fewer operations a step, the same values.
+    nn, spare, no = n + n.T, np.zeros_like(n), ~has
     iterations = 0
     for iterations in range(1, max_iterations + 1):
-        x = np.minimum(p[:, None] * rel, 1.0 - 1e-12)
-        # Posteriors of a non-click (module docstring); 0 where the pair has no data.
-        examined = np.where(has, p[:, None] * (1.0 - rel) / (1.0 - x), 0.0)
-        relevant = np.where(has, (1.0 - p[:, None]) * rel / (1.0 - x), 0.0)
-        p_new = (c + nc * examined).sum(axis=1) / rows
+        pc = p[:, None]
+        one_x = 1.0 - np.minimum(pc * rel, 1.0 - 1e-12)
+        # Posteriors of a non-click (module docstring), 0 where no pair (a NaN p from stored
+        # sums must not reach the pairs that have data through 0 × NaN: review, session 10).
+        examined = pc * (1.0 - rel) / one_x
+        relevant = (1.0 - pc) * rel / one_x
+        examined[no] = relevant[no] = 0.0
+        p_new = np.add.reduce(c + nc * examined, axis=1) / rows  # ndarray.sum's own reduction
         rel_mass = c + nc * relevant
-        rel_new = np.divide(rel_mass + rel_mass.T, n + n.T, out=np.zeros_like(n), where=has)
-        change = max(np.abs(p_new - p).max(), np.abs(rel_new - rel).max())
-        p, rel = p_new, rel_new
+        rel_new = np.divide(rel_mass + rel_mass.T, nn, out=spare, where=has)
+        change = max(np.maximum.reduce(np.abs(p_new - p), axis=None), np.maximum.reduce(np.abs(rel_new - rel), axis=None))
+        p, rel, spare = p_new, rel_new, rel
         if change < tolerance:
             break
     relative: list[float | None] = [None] * k

@@ -33,17 +33,27 @@ class Index:
                 self.postings[term].append((i, tf))
         self.lengths = np.array([doc.length for doc in corpus.documents], dtype=float)
         self.avgdl = float(self.lengths.mean())
+        self._length = self.lengths.tolist()  # Python floats: the same sums, without numpy's per-item cost
+        self._norm: dict[tuple[float, float], list[float]] = {}
         n = len(corpus.documents)
         self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
 
     def scores(self, query: Query, ranker: Ranker) -> dict[int, float]:
+        norms = self._norms(ranker)
+        k1 = ranker.k1 + 1
         out: dict[int, float] = defaultdict(float)
         for term in query.terms:
             idf = self.idf.get(term, 0.0)
             for i, tf in self.postings.get(term, ()):
-                norm = ranker.k1 * (1 - ranker.b + ranker.b * self.lengths[i] / self.avgdl)
-                out[i] += idf * tf * (ranker.k1 + 1) / (tf + norm)
+                out[i] += idf * tf * k1 / (tf + norms[i])
         return out
+
+    def _norms(self, ranker: Ranker) -> list[float]:
+        """k1 · (1 − b + b·|d| / avgdl) of every document, once per (k1, b)."""
+        key = (ranker.k1, ranker.b)
+        if key not in self._norm:
+            self._norm[key] = [ranker.k1 * (1 - ranker.b + ranker.b * n / self.avgdl) for n in self._length]
+        return self._norm[key]
 
     def search(self, query: Query, ranker: Ranker, k: int, rng: np.random.Generator) -> list[str]:
         scores = self.scores(query, ranker)

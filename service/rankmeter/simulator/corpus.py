@@ -36,6 +36,8 @@ class Corpus:
         # Each topic's word distribution: a Zipf law over its own shuffle of the vocabulary.
         weights = np.array([1.0 / (r + 1) ** 1.05 for r in range(vocabulary)])
         weights /= weights.sum()
+        cdf = weights.cumsum()
+        cdf /= cdf[-1]
         self.topic_words = [rnd.sample(self.vocabulary, vocabulary) for _ in range(topics)]
         background = rnd.sample(self.vocabulary, vocabulary)
         nrng = np.random.default_rng(seed)
@@ -44,8 +46,8 @@ class Corpus:
             topic = rnd.randrange(topics)
             length = rnd.randint(40, 160)
             on_topic = int(length * rnd.uniform(0.5, 0.85))
-            words = [self.topic_words[topic][i] for i in nrng.choice(vocabulary, on_topic, p=weights)]
-            words += [background[i] for i in nrng.choice(vocabulary, length - on_topic, p=weights)]
+            words = [self.topic_words[topic][i] for i in draw(nrng, cdf, on_topic)]
+            words += [background[i] for i in draw(nrng, cdf, length - on_topic)]
             self.documents.append(Document(f"doc{d:05d}", topic, Counter(words), length))
         self.by_id = {doc.doc_id: doc for doc in self.documents}
         self.queries: list[Query] = []
@@ -66,7 +68,19 @@ class Corpus:
         """3: on topic and every query term in it; 2: on topic and most terms;
         1: on topic with one term, or off topic with every term; 0 otherwise."""
         present = sum(1 for t in query.terms if doc.terms.get(t, 0) > 0)
-        share = present / len(query.terms)
-        if doc.topic == query.topic:
-            return 3 if share == 1 else 2 if share >= 0.5 else 1 if present else 0
-        return 1 if share == 1 else 0
+        return grade_of(doc.topic == query.topic, present, len(query.terms))
+
+
+def grade_of(on_topic: bool, present: int, terms: int) -> int:
+    """`Corpus.true_grade` from the topic match and the query terms present of `terms`."""
+    share = present / terms
+    if on_topic:
+        return 3 if share == 1 else 2 if share >= 0.5 else 1 if present else 0
+    return 1 if share == 1 else 0
+
+
+def draw(rng: np.random.Generator, cdf: np.ndarray, size: int) -> np.ndarray:
+    """`rng.choice(len(cdf), size, p=...)` with `cdf` its normalised cumulative sum: the
+    same uniforms drawn and looked up as `Generator.choice` does, without its per-call
+    checks and cumulative sum (most of a corpus's build)."""
+    return cdf.searchsorted(rng.random(size), side="right")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -45,7 +46,7 @@ from rankmeter.engine import QueryState
 from rankmeter.simulator.bm25 import Index, Ranker
 from rankmeter.simulator.clicks import click_model as make_click_model
 from rankmeter.simulator.clicks import examination as examination_of
-from rankmeter.simulator.corpus import Corpus, Query
+from rankmeter.simulator.corpus import Corpus, Query, grade_of
 from rankmeter.simulator.interleaving import team_draft
 from rankmeter.simulator.regressions import REGRESSED_NOISE, Regression, check_regression
 from rankmeter.simulator.truth import TruthPoint, TruthTally
@@ -90,7 +91,8 @@ class Simulator:
                  truth_log: bool = False, examination: str | None = None,
                  track_examination: bool = False, degrade_share: float = 1.0,
                  react: float = 0.0, assign: str = "query",
-                 user_sigma: float = PROPENSITY_SIGMA, persistence: float | None = None) -> None:
+                 user_sigma: float = PROPENSITY_SIGMA, persistence: float | None = None,
+                 tally: bool = True) -> None:
         check_knobs(assign, interleave, degrade_share)
         self.texts = TextDifficulty(persistence)
         self.assign = assign
@@ -129,6 +131,7 @@ class Simulator:
         self.run_id = run_id or os.urandom(3).hex()  # query ids stay unique across runs
         self.users = Users(users, self.rng, propensity_sigma=user_sigma)
         self.truth = TruthTally()
+        self.tally = tally  # False: no true metrics kept (`truth` stays empty), for a caller with its own
         self.truth_log: list[TruthPoint] | None = [] if truth_log else None
         self._ideal: dict[str, dict[str, int]] = {}
         self._queries = 0
@@ -144,8 +147,11 @@ class Simulator:
         grades = self._ideal.get(query.text)
         if grades is None:
             candidates = {i for t in query.terms for i, _ in self.index.postings.get(t, ())}
-            docs = self.corpus.documents
-            grades = {docs[i].doc_id: g for i in candidates if (g := self.corpus.true_grade(query, docs[i])) > 0}
+            # The terms present per document from the postings: `Corpus.true_grade`, faster.
+            present = Counter(i for t in query.terms for i, _ in self.index.postings.get(t, ()))
+            docs, n = self.corpus.documents, len(query.terms)
+            grades = {docs[i].doc_id: g for i in candidates
+                      if (g := grade_of(docs[i].topic == query.topic, present[i], n)) > 0}
             self._ideal[query.text] = grades
         return grades
 
@@ -188,7 +194,8 @@ class Simulator:
         self._queries += 1
         qid = f"{self.run_id}-{self._queries}"
         grades = self.true_grades(query)
-        self._tally(name, query, results, grades, now_ms)
+        if self.tally:  # it draws nothing from the rng: the traffic is the same without it
+            self._tally(name, query, results, grades, now_ms)
         user = {"client_id": visit.client, "session_id": visit.session}
         impression = Event("impressions", qid, {"query_id": qid, "ranker": name, "timestamp": now_ms,
                                                 "results": results, "user_query": query.text, **user, **extra})
@@ -227,12 +234,7 @@ class Simulator:
             return reactive_search(self, query, ranker, rng or self.rng)
         if not ranker.noise and key in self._top:
             return self._top[key]
-        cached = self._scores.get(key)
-        if cached is None:
-            scores = self.index.scores(query, ranker)
-            cached = self._scores[key] = (np.fromiter(scores.keys(), dtype=np.int64),
-                                          np.fromiter(scores.values(), dtype=float))
-        docs, values = cached
+        docs, values = cached_scores(self, query, ranker)
         if not len(docs):
             return []
         if ranker.noise:
@@ -352,18 +354,27 @@ def interleaving_pair(interleave: tuple[str, str], by_name: dict[str, Ranker]) -
     return by_name[interleave[0]], by_name[interleave[1]]
 
 
+def cached_scores(sim: Simulator, query: Query, ranker: Ranker) -> tuple[np.ndarray, np.ndarray]:
+    """`Index.scores` as arrays (documents, scores), cached per (query, k1, b)."""
+    key = (query.text, ranker.k1, ranker.b)
+    cached = sim._scores.get(key)
+    if cached is None:
+        scores = sim.index.scores(query, ranker)
+        cached = sim._scores[key] = (np.fromiter(scores.keys(), dtype=np.int64),
+                                     np.fromiter(scores.values(), dtype=float))
+    return cached
+
+
 def reactive_search(sim: Simulator, query: Query, ranker: Ranker, rng: np.random.Generator) -> list[str]:
     """`Simulator.search` with the recent clicks' boost (`react`): c / (1 + c) of the top
     score times `react`, c the (text, document)'s decayed recent clicks."""
-    scores = sim.index.scores(query, ranker)
+    ids, values = cached_scores(sim, query, ranker)
     docs = sim.corpus.documents
-    ids = list(scores)
-    values = np.fromiter(scores.values(), dtype=float)
     top = values.max()
     if ranker.noise:
         values = values + rng.normal(0.0, ranker.noise * top, len(values))
     recent = np.array([sim._recent[query.text].get(docs[i].doc_id, 0.0) for i in ids])
-    values += sim.react * top * recent / (1.0 + recent)
+    values = values + sim.react * top * recent / (1.0 + recent)  # not in place: values may be the cache's
     return [docs[ids[i]].doc_id for i in np.argsort(-values, kind="stable")[:K]]
 
 
