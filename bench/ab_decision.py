@@ -27,8 +27,8 @@ rate with its Clopper–Pearson 95% interval; variance_reduction: nDCG@10's with
   Where its assumptions break: `aa_cuped_90_10` (the treatment 10%), `aa_cuped_rare` (the
   1% event). The user covariate (`ab.cuped_covariate: user`, per user bucket): users whose
   quality persists (--user-persistence, fixed at 0.2: aa_user's user share), each query's
-  covariate its user's mean over the user's pre-period queries (PRE_PERIOD × the queries,
-  the same lognormal activity): `aa_cuped_user`, `no_persistence_user` (none: VR ≈ 0),
+  covariate its user's mean over the user's pre-period queries (PRE_USER_QUERIES: 40,000
+  in every cell, the same lognormal activity): `aa_cuped_user`, `no_persistence_user` (none: VR ≈ 0),
   `power_user` and `power_cuped_user` (the same experiments without and with CUPED).
 * The boundaries, where each error rate is largest: `boundary_ship`, the primaries improved
   by 0.1 sd and CTR exactly 10% down (its margin), to 2 × --queries: a `ship` is a false
@@ -70,6 +70,9 @@ PERSISTENCE = 0.5   # fixed before measuring (issue 21): the figure is the corre
 # before measuring: aa_user's user effect (sd 0.5: 0.25 / 1.25 of the variance), now persisting.
 USER_PERSISTENCE = 0.2
 PRE_PERIOD = 4      # the pre-period's queries, in multiples of the experiment's (four weeks before a week)
+# The users' pre-period, in queries, the same in every cell (review 3: 4 × the cell's queries
+# gave the 30,000-query cells three times the 10,000-query cells' pre-period, so better means).
+PRE_USER_QUERIES = PRE_PERIOD * 10_000
 RARE_GUARDRAILS = [g if not g.startswith("Clicks") else "Clicks 20%" for g in GUARDRAILS]  # of a 1% event
 
 
@@ -161,10 +164,10 @@ def users(rng: np.random.Generator, queries: int, config: Config, latent: np.nda
           user: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Users whose quality / click propensity persists (ab.cuped_covariate: user): (the
     in-experiment latent, √p·u_user + √(1 − p)·ε, and each query's covariate [Q, 8], its
-    user's mean value over the user's pre-period queries). PRE_PERIOD times the queries
-    before the start, drawn from the same activity (`weights`); a user with none gets the
-    pooled pre-period mean. p = 0: no user effect, the covariate unrelated."""
-    p, n_pre = config.persistence, PRE_PERIOD * queries
+    user's mean value over the user's pre-period queries). PRE_USER_QUERIES before the
+    start, whatever the cell's size, drawn from the same activity (`weights`); a user with
+    none gets the pooled pre-period mean. p = 0: no user effect, the covariate unrelated."""
+    p, n_pre = config.persistence, PRE_USER_QUERIES
     propensity = rng.normal(size=USERS)
     pre_user = rng.choice(USERS, n_pre, p=weights / weights.sum())
     pre_latent = np.sqrt(p) * propensity[pre_user, None] + np.sqrt(1 - p) * rng.normal(size=(n_pre, 8))
