@@ -99,6 +99,7 @@ class Pipeline:
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
             unreadable=self.unreadable.counts, click_fit=lambda: bias.look_result,
             ab_units_missing=lambda: experiments.units_missing, harvested=lambda: bias.harvested,
+            segment_curves=lambda: bias.segment_status,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rankmeter.config import Settings
-from rankmeter.debias import ipw
+from rankmeter.debias import ipw, segments
 from rankmeter.debias.clickmodels import slots
 from rankmeter.debias.fit import Look, from_fields, to_fields
 from rankmeter.debias.propensity import Harvester, Propensities
@@ -37,11 +37,28 @@ class PositionBias:
         # together), and the last look: examination per rank (pbm) and per slot (ubm), the
         # model chosen, the fit test's reason; decided by partition 0's holder from every
         # partition's sums, read by all.
-        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
+        self.tables = self._tables()
         # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
         self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
         self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
+
+    def _tables(self) -> ModelTables:
+        d = self.settings.debias
+        # One segment table per label the label cap admits, and `other`.
+        return ModelTables(d.ranks, d.capacity, d.max_weight, segment_capacity=d.segment_capacity,
+                           segment_limit=self.settings.limits.max_segments + 1)
+
+    @property
+    def segment_curves(self) -> dict[str, list[float]]:
+        """The segments with their own curve (debias/segments.py), from the last look."""
+        return self.tables.curves
+
+    @property
+    def segment_status(self) -> dict[str, bool]:
+        """Each segment harvested here or with a curve: whether it has its own curve."""
+        curves = self.tables.curves
+        return {s: s in curves for s in sorted(set(self.tables.segments.tables) | set(curves))}
 
     @property
     def harvester(self) -> Harvester | None:
@@ -66,10 +83,9 @@ class PositionBias:
         """New tables, as after a store failure: the ones kept may hold a batch that was
         never stored (and will be replayed); the stored sums are what counts. The last
         look's parameters stay."""
-        d = self.settings.debias
-        look = self.tables.look
-        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
-        self.tables.looked(look)
+        look, curves = self.tables.look, self.tables.curves
+        self.tables = self._tables()
+        self.tables.looked(look, curves)
         self._ideals = {}
 
     def forget_ideals(self) -> None:
@@ -86,9 +102,11 @@ class PositionBias:
         self.harvest(due)
         for p in due:
             ps = self.held.get(p)
-            if ps is not None and p in payloads and PAIRS in ps.dirty_ab:
-                payloads[p].ab[PAIRS] = ps.ab[PAIRS].tobytes()
-                ps.dirty_ab.discard(PAIRS)
+            if ps is None or p not in payloads:
+                continue
+            for f in [f for f in ps.dirty_ab if f == PAIRS or segments.segment_of(f) is not None]:
+                payloads[p].ab[f] = ps.ab[f].tobytes()
+                ps.dirty_ab.discard(f)
 
     def harvest(self, due: Mapping[int, Mapping[str, QueryRecord]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
@@ -102,15 +120,29 @@ class PositionBias:
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
-            before = self.tables.vector()
+            before, segments_before = self.tables.vector(), self.tables.segments.vectors()
             for qid, record in records.items():
                 if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
-                                        set(record.clicked), record.implicit)
+                                        set(record.clicked), record.implicit, record.segment_label)
                     self.harvested += 1
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
+            self._segment_deltas(ps, segments_before)
+
+    def _segment_deltas(self, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
+        """What the partition's queries moved in each segment's sums, into its stored ones
+        (one of another length, another `debias.ranks`'s, starts afresh)."""
+        size = 2 * self.settings.debias.ranks ** 2
+        for segment, after in self.tables.segments.vectors().items():
+            moved = after - before[segment] if segment in before else after
+            if not moved.any():
+                continue
+            f = segments.field(segment)
+            stored = ps.ab.get(f)
+            ps.ab[f] = (stored if stored is not None and len(stored) == size else np.zeros(size)) + moved
+            ps.dirty_ab.add(f)
 
     def values(self, records: list[QueryRecord], values: np.ndarray, nums: np.ndarray,
                dens: np.ndarray) -> None:
@@ -133,7 +165,7 @@ class PositionBias:
         for i, r in enumerate(records):
             implicit, impression = r.implicit, r.impression
             # pbm: the same weights for every list; ubm: given the clicks above each rank.
-            weights = self.tables.weights(impression.results, r.clicked, depth)
+            weights = self.tables.weights(impression.results, r.clicked, depth, r.segment_label)
             ranked = list(dict.fromkeys(impression.results))[:depth]
             gains = [implicit.get(doc, 0.0) * w for doc, w in zip(ranked, weights)]
             for j, m in enumerate(self.measures):
@@ -201,12 +233,32 @@ class PositionBias:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
             found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
-            self.store.save_running(name, to_fields(found), self.held[0].epoch)
+            curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs)
+            self.store.save_running(name, {**to_fields(found), segments.KEY: segments.to_field(curves)},
+                                    self.held[0].epoch)
         else:
-            kept = from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
+            stored = self.store.load_running(name)
+            kept = from_fields(stored, d.ranks, slots(d.ranks))
             if kept is None:
                 return
-            found = kept
+            found, curves = kept, segments.from_field(stored.get(segments.KEY), d.ranks)
         self._looked = True
         self._ideals = {}  # weighed anew, with the harvest since the last look
-        self.tables.looked(found)
+        self.tables.looked(found, curves)
+
+    def _segment_sums(self) -> dict[str, np.ndarray]:
+        """Each segment's pair sums over every partition. The segments read: those whose
+        sums a held partition holds (partition 0's holder holds partition 0, and a segment
+        with enough support has queries in every partition), this process's, and the last
+        look's."""
+        known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
+        known |= set(self.tables.segments.tables) | set(self.tables.curves)
+        fields = [segments.field(s) for s in sorted(known)]
+        size = 2 * self.settings.debias.ranks ** 2
+        out: dict[str, np.ndarray] = {}
+        for stored in self.store.load_ab(self.store.partitions(), only=fields).values() if fields else ():
+            for f, data in stored.items():
+                segment = segments.segment_of(f)
+                if segment is not None and len(data) == 8 * size:
+                    out[segment] = out.get(segment, 0) + np.frombuffer(data)
+        return out

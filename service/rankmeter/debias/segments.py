@@ -1,0 +1,109 @@
+"""Per-segment examination curves (issue 22): the pbm harvest kept per segment label as
+well as globally, and a segment's own curve where its harvest is enough (`qualifies`),
+the global curve elsewhere.
+
+- The harvest: one `Harvester` per segment label (`Impression.segment` as admitted:
+  `limits.max_segments` values and `other`; the empty segment has none), of
+  `debias.segment_capacity` entries, pbm pair sums only (no pooled grades: the pooled ideal
+  stays global). At most `limit` tables: a segment past it is harvested only globally.
+- The support rule (`qualifies`): a segment gets its own curve when its own estimate has
+  every rank 1..K, each with at least `debias.segment_min_pairs` harvested pairs (the
+  evidence `rankmeter_propensity_pairs` counts, as `debias.min_pairs` for the global one),
+  and the curve is plausible by the fit test's bounds (`fit._excess`, at its withdraw
+  thresholds). Else it uses the global curve, exactly.
+- Persistence: each partition stores each segment's pair sums (a delta of the process's,
+  as `PAIRS`) in its A/B sums as `field(segment)`: three parts, as an experiment's field, so
+  a version without per-segment curves reads it as another experiment's and skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+
+from rankmeter.debias.fit import MAX_RATIO, _excess
+from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate
+
+NAME = "propensity-segment"   # the first part of a segment's stored field
+KEY = "segments"              # the stored look's field: segment -> its curve (JSON)
+
+
+def field(segment: str) -> str:
+    """The A/B field a partition stores a segment's pair sums under."""
+    return f"{NAME}\x1f{segment}\x1fpairs"
+
+
+def segment_of(name: str) -> str | None:
+    """The segment of a stored field of `field`'s form, else None."""
+    parts = name.split("\x1f")
+    return parts[1] if len(parts) == 3 and parts[0] == NAME and parts[2] == "pairs" and parts[1] else None
+
+
+class SegmentHarvest:
+    """The pbm harvest of each segment: bounded tables, one per segment label."""
+
+    def __init__(self, ranks: int, capacity: int, limit: int) -> None:
+        self.ranks, self.capacity, self.limit = ranks, capacity, limit
+        self.tables: dict[str, Harvester] = {}
+        self.refused = 0  # queries of segments past `limit` (harvested globally only)
+
+    def observe(self, segment: str, text: str, ranked: Sequence[str], clicked: Collection[str]) -> None:
+        if not segment:
+            return
+        table = self.tables.get(segment)
+        if table is None:
+            if len(self.tables) >= self.limit:
+                self.refused += 1
+                return
+            table = self.tables[segment] = Harvester(self.ranks, self.capacity)
+        table.observe(text, ranked, clicked)
+
+    def vectors(self) -> dict[str, np.ndarray]:
+        """Each segment's pair sums as stored (`PairSums.to_vector`)."""
+        return {s: t.sums.to_vector() for s, t in self.tables.items()}
+
+
+def qualifies(found: Propensities, min_pairs: float) -> bool:
+    """The support rule (module docstring): every rank estimated on `min_pairs` pairs or
+    more, and within the fit test's plausibility bounds."""
+    if any(p is None for p in found.relative) or min(found.support) < min_pairs:
+        return False
+    ratio, rise = _excess(found, 0, MAX_RATIO, True, 2.0)
+    return ratio <= 0 and rise <= 0
+
+
+def curves(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float) -> dict[str, list[float]]:
+    """The segments that qualify, each with its curve (relative examination per rank)."""
+    out = {}
+    for segment, vector in sorted(sums.items()):
+        if len(vector) != 2 * ranks ** 2 or not np.isfinite(vector).all():
+            continue
+        found = estimate(PairSums.from_vector(vector), min_pairs)
+        if qualifies(found, min_pairs):
+            out[segment] = [float(p) for p in found.relative]  # type: ignore[arg-type]
+    return out
+
+
+def to_field(found: Mapping[str, Sequence[float]]) -> str:
+    return json.dumps(dict(found))
+
+
+def from_field(text: str | None, ranks: int) -> dict[str, list[float]]:
+    """The stored segment curves; one unreadable is left out (that segment: the global)."""
+    try:
+        stored = json.loads(text) if text is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {s: c for s, c in stored.items()
+            if isinstance(s, str) and s and isinstance(c, list) and len(c) == ranks
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                    for v in c)}
+
+
+__all__ = ["KEY", "NAME", "SegmentHarvest", "curves", "field", "from_field", "qualifies", "segment_of",
+           "to_field"]
