@@ -1,0 +1,222 @@
+"""Per-segment examination curves (issue 22, debias/segments.py): a segment whose users
+examine ranks differently gets its own curve once its harvest has the support, a thin one
+keeps the global curve exactly, and the per-segment sums survive a restart (stored per
+partition, skipped by the A/B sums)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from rankmeter import config
+from rankmeter.debias import ipw, segments
+from rankmeter.debias.propensity import Propensities
+from rankmeter.debias.tables import ModelTables, decide
+from rankmeter.exporter import Exporter, Health
+from rankmeter.pipeline import Pipeline
+from rankmeter.pipeline.experiments import ab_problem, arm_vectors
+from rankmeter.simulator.clicks import EXAMINATION, pbm
+from rankmeter.source import Bus
+from rankmeter.store import MemoryStore
+from test_prometheus_rules import promtool  # noqa: F401 (the fixture)
+
+K = 10
+CURVES = {"mobile": EXAMINATION["exp-0.75"][:K], "desktop": EXAMINATION["power-0.9"][:K]}
+
+
+def traffic(queries: int, seed: int, mobile: float, texts: int = 200):
+    """Lists of 10 of 15 documents per text (a noisy ranking: each document shown at
+    several ranks), a share `mobile` of the queries by users of the geometric curve, the
+    rest by 1/r^0.9 users (pbm clicks)."""
+    rng = np.random.default_rng(seed)
+    attract = rng.uniform(0.02, 0.8, (texts, 15))
+    for q in range(queries):
+        t = int(rng.integers(texts))
+        order = list(np.argsort(-(attract[t] + rng.normal(0, 0.3, 15)))[:K])
+        segment = "mobile" if rng.random() < mobile else "desktop"
+        clicks = pbm([attract[t][d] for d in order], rng, CURVES[segment])
+        shown = [f"d{d}" for d in order]
+        yield f"q{seed}-{q}", t, shown, [shown[r] for r in clicks], segment
+
+
+def fed(queries: int, seed: int, mobile: float, min_pairs: int = 1000) -> ModelTables:
+    tables = ModelTables(K, 50_000, segment_capacity=5000, segment_limit=21)
+    for qid, t, shown, clicked, segment in traffic(queries, seed, mobile):
+        tables.observe(qid, f"t{t}", shown, set(clicked), {d: 1.0 for d in clicked}, segment)
+    look = decide(tables.vector(), K, 100, None)
+    tables.looked(look, segments.curves(tables.segments.vectors(), K, min_pairs))
+    return tables
+
+
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_a_segment_with_another_curve_gets_its_own_within_a_tolerance(seed):
+    tables = fed(6000, seed, mobile=0.3)
+    own = tables.curves["mobile"]
+    assert np.abs(np.array(own) - CURVES["mobile"]).max() < 0.08, own
+    # The global curve, mostly desktop users', is off for mobile: what the segment's own fixes.
+    glob = np.array(tables.look.pbm.relative, dtype=float)
+    assert np.abs(glob - CURVES["mobile"]).max() > 0.1, glob
+    assert tables.weights(["a"], set(), K, "mobile") == ipw.weights(own, K, ipw.DEFAULT_MAX_WEIGHT)
+    assert tables.weights(["a"], set(), K, "mobile") != tables.weights(["a"], set(), K, "")
+
+
+def test_a_segment_below_support_falls_back_to_the_global_curve_exactly():
+    tables = fed(4000, 7, mobile=0.03)  # about 120 mobile queries
+    assert "mobile" in tables.segments.tables and "desktop" in tables.curves
+    assert "mobile" not in tables.curves
+    glob = ipw.weights(tables.look.pbm.relative, K, ipw.DEFAULT_MAX_WEIGHT)
+    assert tables.weights(["a"], set(), K, "mobile") == glob
+    assert tables.weights(["a"], set(), K, "unknown") == glob and tables.weights(["a"], set(), K, "") == glob
+
+
+def test_the_support_rule_at_its_boundary():
+    curve = [float(p) for p in CURVES["mobile"]]
+    assert segments.qualifies(Propensities(curve, [1000.0] * K, 1), 1000)
+    assert not segments.qualifies(Propensities(curve, [1000.0] * (K - 1) + [999.0], 1), 1000)
+    assert not segments.qualifies(Propensities(curve[:-1] + [None], [5000.0] * K, 1), 1000)
+    # Implausible (rank 2 examined more than rank 1, on ample support): not its own curve.
+    assert not segments.qualifies(Propensities([1.0, 1.5] + curve[2:], [1e6] * K, 1), 1000)
+
+
+def test_stored_curves_read_back_and_garbage_is_left_out():
+    text = segments.to_field({"mobile": [1.0] * K})
+    assert segments.from_field(text, K) == {"mobile": [1.0] * K}
+    assert segments.from_field(json.dumps({"a": [1.0] * 3, "b": [None] * K, "": [1.0] * K}), K) == {}
+    assert segments.from_field("{", K) == {} and segments.from_field("[]", K) == {}
+    assert segments.from_field(None, K) == {}
+
+
+# ---- in the pipeline: stored per partition, read back after a restart ----
+
+START_MS = 1_800_000_000_000
+SETTINGS = config.load(None, {"RANKMETER_WINDOWS_ATTRIBUTION": "5m", "RANKMETER_WINDOWS_GRACE": "1m",
+                              "RANKMETER_WINDOWS_JUDGMENTS": "10m", "RANKMETER_WINDOWS_SIZES": "1h",
+                              "RANKMETER_DEBIAS_HARVEST_SHARE": "1", "RANKMETER_DEBIAS_SEGMENT_MIN_PAIRS": "300"})
+
+
+class Clock:
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def __call__(self) -> float:
+        return self.ms / 1000
+
+
+def run(pipeline: Pipeline, bus: Bus, clock: Clock, queries: int, seed: int, start_ms: int) -> None:
+    """The traffic, one query every 0.5 s of event time, its clicks a second later; read
+    every 50 queries, then 20 minutes more so every query's clicks are final."""
+    k = SETTINGS.kafka
+    for i, (qid, t, shown, clicked, segment) in enumerate(traffic(queries, seed, mobile=0.4)):
+        ts = start_ms + i * 500
+        bus.send(k.impressions_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "ranker": "r", "timestamp": ts, "results": shown, "user_query": f"t{t}",
+             "segment": segment}).encode(), timestamp_ms=ts)
+        for doc in clicked:
+            bus.send(k.feedback_topic, qid.encode(), json.dumps(
+                {"query_id": qid, "action": "click", "doc_id": doc, "timestamp": ts + 1000,
+                 "event_id": f"{qid}{doc}"}).encode(), timestamp_ms=ts + 1000)
+        if i % 50 == 49:
+            clock.ms = ts + 1000
+            while records := bus.poll(0, 10_000):
+                pipeline.process(records)
+    for minute in range(1, 21):
+        clock.ms = start_ms + queries * 500 + minute * 60_000
+        bus.send(k.impressions_topic, b"tick", json.dumps(  # event time moves on: queries close
+            {"query_id": f"tick{seed}-{minute}", "ranker": "r", "timestamp": clock.ms, "results": ["x"]}).encode(),
+            timestamp_ms=clock.ms)
+        bus.send(k.feedback_topic, b"tick", json.dumps(
+            {"query_id": f"tick{seed}-{minute}", "action": "click", "doc_id": "x", "timestamp": clock.ms,
+             "event_id": f"tick{seed}-{minute}"}).encode(), timestamp_ms=clock.ms)
+        while records := bus.poll(0, 10_000):
+            pipeline.process(records)
+
+
+def pipeline_on(store: MemoryStore, clock: Clock) -> tuple[Pipeline, Bus]:
+    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, clock)
+    bus = Bus(partitions=2)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign,
+                  pipeline.revoke)
+    return pipeline, bus
+
+
+@pytest.fixture(scope="module")
+def harvested() -> tuple[Pipeline, MemoryStore, Bus]:
+    store, clock = MemoryStore(), Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 3000, 1, START_MS)
+    pipeline.look_at_position_bias(estimate_here=True)
+    return pipeline, store, bus
+
+
+def test_per_segment_sums_are_stored_per_partition_and_read_back_after_a_restart(harvested):
+    pipeline, store, _ = harvested
+    bias = pipeline.position_bias
+    assert set(bias.segment_curves) == {"mobile", "desktop"}, bias.tables.segments.vectors()
+    stored = store.load_ab(store.partitions(), only=[segments.field(s) for s in ("mobile", "desktop")])
+    for s in ("mobile", "desktop"):
+        assert all(segments.field(s) in fields for fields in stored.values()), s
+        # Each partition credited with what its own queries added: together the process's.
+        total = sum(np.frombuffer(fields[segments.field(s)]) for fields in stored.values())
+        np.testing.assert_allclose(total, bias.tables.segments.tables[s].sums.to_vector(), atol=1e-9)
+    again = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS + 3000 * 500 + 30 * 60_000))
+    again.assign(store.partitions())
+    for p, state in again.partitions.items():
+        np.testing.assert_array_equal(state.ab[segments.field("mobile")],
+                                      np.frombuffer(stored[p][segments.field("mobile")]))
+    # The new process has harvested nothing itself: the curves come from the stored sums.
+    assert not again.position_bias.tables.segments.tables
+    again.look_at_position_bias(estimate_here=True)
+    assert again.position_bias.segment_curves == bias.segment_curves
+    # A replica without partition 0 reads them with the look.
+    other = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS))
+    other.look_at_position_bias(estimate_here=False)
+    assert other.position_bias.segment_curves == bias.segment_curves
+
+
+def test_a_previous_version_reads_the_segment_fields_as_another_experiments(harvested):
+    _, store, _ = harvested
+    stored = store.load_ab(store.partitions())
+    fields = {f for fs in stored.values() for f in fs if segments.segment_of(f) is not None}
+    assert fields
+    for p, fs in stored.items():
+        for f in fields & set(fs):
+            assert ab_problem(f, fs[f]) is None  # loaded, not counted unreadable
+    skipped: list[str] = []
+    vectors, names = arm_vectors(stored, "exp", 4, False, lambda p, f, d: False, lambda p, f, why: skipped.append(f))
+    assert not vectors and segments.NAME not in names and not skipped
+
+
+def test_the_segment_curve_series(harvested, promtool):  # noqa: F811 (the fixture)
+    pipeline, _, _ = harvested
+    text = Exporter(pipeline.readout, Health(), dict).render().decode()
+    assert 'rankmeter_propensity_segment_curve{segment="mobile"} 1.0' in text
+    assert 'rankmeter_propensity_segment_curve{segment="desktop"} 1.0' in text
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert "rankmeter_propensity_segment_curve" not in check.stdout + check.stderr
+
+
+def test_a_batchs_segment_sums_go_into_its_own_checkpoint():
+    """Sent with the checkpoint of the batch that harvested them (as PAIRS), not one later."""
+    from types import SimpleNamespace
+
+    from rankmeter.debias.tables import vector_size
+    from rankmeter.events.model import Impression
+    from rankmeter.join import QueryRecord
+    from rankmeter.pipeline.position_bias import PositionBias
+    from rankmeter.pipeline.state import PAIRS, PartitionState
+
+    state = PartitionState(1, {}, {}, {})
+    state.pair_sums = np.zeros(vector_size(K))
+    bias = PositionBias(SETTINGS, MemoryStore(), {0: state})
+    records = {f"q{i}": QueryRecord(Impression(f"q{i}", "r", START_MS, ["a", "b"] if i % 2 else ["b", "a"],
+                                               "mobile", query_hash="t"), segment_label="mobile", clicked=["a"])
+               for i in range(8)}
+    payload = SimpleNamespace(ab={})
+    bias.harvest_into({0: records}, {0: payload})  # type: ignore[dict-item]
+    f = segments.field("mobile")
+    assert set(payload.ab) == {PAIRS, f} and not state.dirty_ab
+    assert np.frombuffer(payload.ab[f]).tolist() == bias.tables.segments.tables["mobile"].sums.to_vector().tolist()
+    assert np.frombuffer(payload.ab[f]).any()
