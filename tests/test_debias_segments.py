@@ -81,6 +81,22 @@ def test_the_support_rule_at_its_boundary():
     assert not segments.qualifies(Propensities([1.0, 1.5] + curve[2:], [1e6] * K, 1), 1000)
 
 
+def test_a_segment_is_estimated_anew_only_once_its_pairs_have_grown(monkeypatch):
+    tables = fed(6000, 1, mobile=0.3)
+    sums = tables.segments.vectors()
+    calls: list[int] = []
+    estimate = segments.estimate
+    monkeypatch.setattr(segments, "estimate", lambda *a: calls.append(1) or estimate(*a))
+    kept: dict = {}
+    first = segments.curves(sums, K, 1000, kept)
+    assert len(calls) == 2 and set(first) == {"mobile", "desktop"}
+    grown = {s: v * (1.09 if s == "mobile" else 1.11) for s, v in sums.items()}  # (pairs and clicks alike)
+    again = segments.curves(grown, K, 1000, kept)
+    assert again["mobile"] is first["mobile"] and len(calls) == 3  # desktop's estimated anew, not mobile's
+    assert again["desktop"] == pytest.approx(first["desktop"])
+    assert segments.curves({}, K, 1000, kept) == {}
+
+
 def test_stored_curves_read_back_and_garbage_is_left_out():
     text = segments.to_field({"mobile": [1.0] * K})
     assert segments.from_field(text, K) == {"mobile": [1.0] * K}

@@ -155,7 +155,7 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     # Per-segment curves (debias/segments.py): a segment gets its own when its harvest has
     # this many pairs at every rank; each segment label's table holds this many entries.
     segment_min_pairs: int = 1000
-    segment_capacity: int = 5000
+    segment_capacity: int = 2000
     # The share of queries harvested (by a hash of query_id): the estimate needs thousands,
     # not every one, and harvesting costs about 40 µs a query.
     harvest_share: float = 0.25

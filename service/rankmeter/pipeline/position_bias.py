@@ -41,6 +41,7 @@ class PositionBias:
         # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
         self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
+        self._segment_kept: dict[str, tuple[float, list[float] | None]] = {}  # (segments.curves)
         self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
 
     def _tables(self) -> ModelTables:
@@ -233,7 +234,7 @@ class PositionBias:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
             found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
-            curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs)
+            curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
             self.store.save_running(name, {**to_fields(found), segments.KEY: segments.to_field(curves)},
                                     self.held[0].epoch)
         else:
