@@ -27,7 +27,7 @@ K = 10
 CURVES = {"mobile": EXAMINATION["exp-0.75"][:K], "desktop": EXAMINATION["power-0.9"][:K]}
 
 
-def traffic(queries: int, seed: int, mobile: float, texts: int = 200):
+def traffic(queries: int, seed: int, mobile: float, texts: int = 200, curves: dict = CURVES):
     """Lists of 10 of 15 documents per text (a noisy ranking: each document shown at
     several ranks), a share `mobile` of the queries by users of the geometric curve, the
     rest by 1/r^0.9 users (pbm clicks)."""
@@ -37,13 +37,13 @@ def traffic(queries: int, seed: int, mobile: float, texts: int = 200):
         t = int(rng.integers(texts))
         order = list(np.argsort(-(attract[t] + rng.normal(0, 0.3, 15)))[:K])
         segment = "mobile" if rng.random() < mobile else "desktop"
-        clicks = pbm([attract[t][d] for d in order], rng, CURVES[segment])
+        clicks = pbm([attract[t][d] for d in order], rng, curves[segment])
         shown = [f"d{d}" for d in order]
         yield f"q{seed}-{q}", t, shown, [shown[r] for r in clicks], segment
 
 
 def fed(queries: int, seed: int, mobile: float, min_pairs: int = 1000) -> ModelTables:
-    tables = ModelTables(K, 50_000, segment_capacity=5000, segment_limit=21)
+    tables = ModelTables(K, 50_000, segment_capacity=config.Debias().segment_capacity, segment_limit=21)
     for qid, t, shown, clicked, segment in traffic(queries, seed, mobile):
         tables.observe(qid, f"t{t}", shown, set(clicked), {d: 1.0 for d in clicked}, segment)
     look = decide(tables.vector(), K, 100, None)
