@@ -98,11 +98,14 @@ def test_a_segment_is_estimated_anew_only_once_its_pairs_have_grown(monkeypatch)
 
 
 def test_stored_curves_read_back_and_garbage_is_left_out():
-    text = segments.to_field({"mobile": [1.0] * K})
-    assert segments.from_field(text, K) == {"mobile": [1.0] * K}
-    assert segments.from_field(json.dumps({"a": [1.0] * 3, "b": [None] * K, "": [1.0] * K}), K) == {}
-    assert segments.from_field("{", K) == {} and segments.from_field("[]", K) == {}
-    assert segments.from_field(None, K) == {}
+    text = segments.to_field({"mobile": [1.0] * K}, 5.0)
+    assert segments.from_field(text, K, 5.0) == {"mobile": [1.0] * K}
+    # Of another look (a version without per-segment curves stored one since): none.
+    assert segments.from_field(text, K, 6.0) == {}
+    garbage = {"a": [1.0] * 3, "b": [None] * K, "": [1.0] * K, "c": [0.0] * K}
+    assert segments.from_field(json.dumps({"at": 5.0, "curves": garbage}), K, 5.0) == {}
+    assert segments.from_field("{", K, 5.0) == {} and segments.from_field("[]", K, 5.0) == {}
+    assert segments.from_field(None, K, 5.0) == {}
 
 
 # ---- in the pipeline: stored per partition, read back after a restart ----

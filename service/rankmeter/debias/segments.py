@@ -102,19 +102,23 @@ def curves(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float,
     return out
 
 
-def to_field(found: Mapping[str, Sequence[float]]) -> str:
-    return json.dumps(dict(found))
+def to_field(found: Mapping[str, Sequence[float]], at: float) -> str:
+    """The curves as the stored look keeps them, with the look's time (`Look.at`)."""
+    return json.dumps({"at": at, "curves": dict(found)})
 
 
-def from_field(text: str | None, ranks: int) -> dict[str, list[float]]:
-    """The stored segment curves; one unreadable is left out (that segment: the global)."""
+def from_field(text: str | None, ranks: int, at: float) -> dict[str, list[float]]:
+    """The stored segment curves of the look made at `at`: none when they are of another
+    look (a version without per-segment curves stored the look since: its replicas weigh
+    with the global curve, so must this one); an unreadable curve is left out (that
+    segment: the global one)."""
     try:
         stored = json.loads(text) if text is not None else {}
     except ValueError:
         return {}
-    if not isinstance(stored, dict):
+    if not isinstance(stored, dict) or stored.get("at") != at or not isinstance(stored.get("curves"), dict):
         return {}
-    return {s: c for s, c in stored.items()
+    return {s: c for s, c in stored["curves"].items()
             if isinstance(s, str) and s and isinstance(c, list) and len(c) == ranks
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                     for v in c)}

@@ -73,7 +73,7 @@ def examination(relative: Sequence[float | None]) -> list[float]:
 
 class ModelTables:
     def __init__(self, ranks: int, capacity: int, max_weight: float = ipw.DEFAULT_MAX_WEIGHT,
-                 min_support: float = DEFAULT_MIN_SUPPORT, segment_capacity: int = 1,
+                 min_support: float = DEFAULT_MIN_SUPPORT, segment_capacity: int = 2000,
                  segment_limit: int = 0) -> None:
         self.ranks, self.max_weight = ranks, max_weight
         self.layout = FitLayout(ranks)

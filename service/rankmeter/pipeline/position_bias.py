@@ -235,14 +235,14 @@ class PositionBias:
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
             found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
             curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
-            self.store.save_running(name, {**to_fields(found), segments.KEY: segments.to_field(curves)},
+            self.store.save_running(name, {**to_fields(found), segments.KEY: segments.to_field(curves, found.at)},
                                     self.held[0].epoch)
         else:
             stored = self.store.load_running(name)
             kept = from_fields(stored, d.ranks, slots(d.ranks))
             if kept is None:
                 return
-            found, curves = kept, segments.from_field(stored.get(segments.KEY), d.ranks)
+            found, curves = kept, segments.from_field(stored.get(segments.KEY), d.ranks, kept.at)
         self._looked = True
         self._ideals = {}  # weighed anew, with the harvest since the last look
         self.tables.looked(found, curves)
