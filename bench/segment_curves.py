@@ -1,7 +1,7 @@
 """Per-segment examination curves (debias/segments.py) against the truth, over many seeds.
 
     .venv/bin/python bench/segment_curves.py [--seeds 40] [--first-seed 1] [--queries 6000]
-        [--share 0.3] [--texts 200] [--same]
+        [--share 0.3] [--texts 200] [--same] [--cost]
 
 Per seed: `--queries` pbm queries over `--texts` texts (lists of 10 of 15 documents, a noisy
 ranking: tests/test_debias_segments.py's traffic), a share `--share` by users of the geometric
@@ -10,13 +10,15 @@ harvested into `ModelTables` with the default settings (debias.segment_capacity,
 debias.segment_min_pairs). Prints, per seed, whether mobile got its own curve, its pairs
 (the fewest of any rank), the largest error of its curve and of the global one against
 mobile's truth, and desktop's (the majority's) own and global errors against its truth; then the seeds with their own curve, and those within `--tolerance`, with
-Clopper–Pearson 95% intervals.
+Clopper–Pearson 95% intervals. `--cost`: only the harvest's cost a query, without and with
+the segments' tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,20 @@ def one(seed: int, queries: int, share: float, texts: int, same: bool) -> tuple[
     return own is not None, pairs, error, float(np.abs(glob - truth["mobile"]).max()), desktop
 
 
+def cost(queries: int, texts: int) -> None:
+    """The harvest's cost a query, without and with its segment's table (half the queries
+    mobile, the rest desktop)."""
+    items = list(traffic(queries, 1, 0.5, texts))
+    d = Debias()
+    for label, with_segments in (("global only", False), ("with segments", True)):
+        tables = ModelTables(K, d.capacity, segment_capacity=d.segment_capacity, segment_limit=21)
+        start = time.perf_counter()
+        for qid, t, shown, clicked, segment in items:
+            tables.observe(qid, f"t{t}", shown, set(clicked), {doc: 1.0 for doc in clicked},
+                           segment if with_segments else "")
+        print(f"{label}: {(time.perf_counter() - start) / len(items) * 1e6:.0f} µs a query")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=40)
@@ -64,7 +80,11 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=200)
     parser.add_argument("--tolerance", type=float, default=0.08)
     parser.add_argument("--same", action="store_true", help="mobile users examine as desktop ones do")
+    parser.add_argument("--cost", action="store_true", help="only time the harvest, without and with segments")
     args = parser.parse_args()
+    if args.cost:
+        cost(args.queries, args.texts)
+        return
     rows = []
     print("| seed | mobile: own curve | pairs (fewest rank) | own curve's error | global curve's error "
           "| desktop: own / global error |")
