@@ -239,3 +239,32 @@ def test_a_batchs_segment_sums_go_into_its_own_checkpoint():
     assert set(payload.ab) == {PAIRS, f} and not state.dirty_ab
     assert np.frombuffer(payload.ab[f]).tolist() == bias.tables.segments.tables["mobile"].sums.to_vector().tolist()
     assert np.frombuffer(payload.ab[f]).any()
+
+
+def test_a_segments_debiased_ndcg_weighs_by_its_own_curve_and_another_by_the_global():
+    """By hand (as tests/test_debias_pipeline.py's): the text's ideal DCG@10 is 1; d0 at
+    rank 3, clicked, weighs 1 / p_3: 4 by the global curve (nDCG 2.0), 2 by mobile's own
+    (p_3 = 0.5: nDCG 1.0); a desktop query, without a curve of its own, takes the global."""
+    from rankmeter.events import query_hash
+    from rankmeter.pipeline import IPW
+
+    clock, bus = Clock(START_MS), Bus(partitions=1)
+    pipeline = Pipeline(SETTINGS, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign,
+                  pipeline.revoke)
+    pipeline.propensities = Propensities([1.0, 0.5, 0.25] + [0.1] * 7, [1000.0] * 10, 1)
+    bias = pipeline.position_bias
+    bias.tables.looked(bias.tables.look, {"mobile": [1.0, 0.5, 0.5] + [0.1] * 7})
+    for _ in range(10):
+        pipeline.harvester.observe(query_hash("tv"), ["d0", "d1", "d2"], {"d0"}, {"d0": 1.0})
+    k = SETTINGS.kafka
+    for qid, segment in (("qm", "mobile"), ("qd", "desktop")):
+        bus.send(k.impressions_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "ranker": "r", "timestamp": START_MS, "results": ["d2", "d1", "d0"],
+             "user_query": "tv", "segment": segment}).encode())
+        bus.send(k.feedback_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "action": "click", "doc_id": "d0", "timestamp": START_MS + 1000,
+             "event_id": f"{qid}d0"}).encode())
+    pipeline.process(bus.poll(0, 100))
+    value = {v.segment: v.sums[IPW + "nDCG@10"].macro() for v in pipeline.views() if v.window == "1h"}
+    assert value["mobile"] == pytest.approx(1.0) and value["desktop"] == pytest.approx(2.0)
