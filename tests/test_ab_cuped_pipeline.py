@@ -333,3 +333,45 @@ def test_means_the_store_lost_are_stored_back_at_a_claim_and_others_followed_cou
     s.pipeline.experiments.resolve()
     assert s.pipeline.unreadable.counts["experiment"] == 1
     assert np.array_equal(s.pipeline.experiments.covariates.means(s.pipeline.experiments.name)[0], means + 1.0)
+
+
+def test_a_process_finding_the_means_stored_reads_no_table_and_a_claim_sends_none(monkeypatch):
+    """Review 3, L1 and review 4, M1: every process start read every partition's table (0.7 s,
+    300 MB at 32 partitions) before finding the means stored, and every claim sent the
+    6.3 MB means and read them back. Now the stored ones are read first, and a claim
+    compares digests."""
+    from rankmeter.pipeline.covariates import MEANS, Covariates
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(3, 300, 300)
+    feed(s.pipeline, s.bus, pre + during)
+    key = s.pipeline.experiments.name + MEANS
+    kept = s.store.definitions[key]
+    defined = []
+    real_define = s.store.define_experiment
+    monkeypatch.setattr(s.store, "define_experiment", lambda *a, **k: (a[0].endswith(MEANS) and defined.append(a[0])) or real_define(*a, **k))
+    monkeypatch.setattr(Covariates, "from_tables", lambda self: pytest.fail("read the tables"))
+    other = started(s.settings, s.store, s.bus)
+    means, _ = other.experiments.covariates.means(other.experiments.name)
+    s.pipeline.experiments.resolve()
+    other.experiments.resolve()
+    assert defined == [] and s.store.definitions[key] == kept
+    assert np.array_equal(means, s.pipeline.experiments.covariates.means(s.pipeline.experiments.name)[0])
+    del s.store.definitions[key]   # lost: stored back at the next claim, as before
+    s.pipeline.experiments.resolve()
+    assert defined == [key] and s.store.definitions[key] == kept
+
+
+def test_means_another_process_stored_are_followed_at_the_next_look_not_only_at_a_claim():
+    """Review (session 10) M3: with no rebalance a process adjusted with its own means for
+    good while the store held others, uncounted."""
+    from rankmeter.pipeline.covariates import MEANS, _encoded
+    from rankmeter.serve import _look_at_experiment
+    s = an_experiment(7, 0, 2, RANKMETER_AB_CUPED="true", RANKMETER_AB_CUPED_BUCKETS="4096")
+    pre, during, _ = events(3, 300, 300)
+    feed(s.pipeline, s.bus, pre + during)
+    covariates = s.pipeline.experiments.covariates
+    means, pooled = covariates.means(s.pipeline.experiments.name)
+    s.store.definitions[s.pipeline.experiments.name + MEANS] = _encoded(means + 1.0, pooled)
+    assert _look_at_experiment(s.pipeline, s.store.unavailable)
+    assert s.pipeline.unreadable.counts["experiment"] == 1
+    assert np.array_equal(covariates.means(s.pipeline.experiments.name)[0], means + 1.0)

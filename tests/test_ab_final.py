@@ -318,3 +318,92 @@ def test_a_new_phase_without_arms_yet_keeps_the_stored_do_not_ship():
     decisions, _, _ = final.applied(store, Unreadable(), "base@1", [], {}, [], 9, declared=True)
     assert [(d.treatment, d.segment, d.decision) for d in decisions] == [("new", "mobile", "do_not_ship")]
     assert final.applied(store, Unreadable(), "base@1", [], {}, [], 9)[0] == ()
+
+
+def _state_and_marks(store):
+    state = next(k for k in store.running if "|alpha=" in k)
+    return state, next(k for k in store.running if k.endswith("|tested"))
+
+
+def test_marks_name_only_the_records_the_decision_cannot_rebuild(shipping):
+    """Review 3 M3: what a look saved is marked, after it is stored: the τ²-holding base
+    record and the SRM's, not a test level's or an exploratory metric's."""
+    store, _, _ = shipping
+    state, marks = _state_and_marks(store)
+    assert set(store.running[marks]) == {BASE, "srm\x1f"}
+    assert set(store.running[marks]) <= set(store.running[state])
+
+
+@pytest.mark.parametrize("field, stops", [
+    (BASE, True),                           # its τ² would be fixed again from data already seen
+    ("srm\x1f", True),                      # a mismatch it had found would be forgotten
+    (STOP, False),                          # a test level: τ² is in the base record
+    ("CTR\x1fnew\x1f\x1fmicro", False),     # an exploratory metric's
+])
+def test_a_record_missing_after_a_restart_never_ships(shipping, field, stops):
+    """Review 3 M3: a record the store lost with no process remembering it (evicted,
+    deleted, a restore older than it, then a restart) began again silently and shipped."""
+    store, pipeline, _ = shipping
+    state, _ = _state_and_marks(store)
+    del store.running[state][field]
+    again = _restarted(store)
+    look = again.ab_look()
+    assert [d.decision for d in look.decisions] == ["keep_running" if stops else "ship"]
+    assert again.experiments.records.lost == (1 if stops else 0)
+    if stops:
+        scope = final.key(again.experiments.phase.phase.comparison)
+        assert final.parsed(store.running[scope]["new\x1f"])[0] == "no_ship"
+        assert _decision(_restarted(store)) == "keep_running"  # saved again since: still no ship
+
+
+def test_a_changed_mixture_scale_begins_records_again_and_never_ships(shipping):
+    """Another ab.mixture_scale is another state key: every marked record is missing there
+    (its τ² would be chosen again after the data was seen)."""
+    store, pipeline, _ = shipping
+    again = _restarted(store, RANKMETER_AB_MIXTURE_SCALE="0.01")
+    assert again.experiments.name == pipeline.experiments.name
+    assert _decision(again) == "keep_running"
+
+
+def test_records_and_marks_both_gone_begin_again(shipping):
+    """The limit: a store that lost the marks too (a restore older than the first look)
+    knows of nothing tested; the test begins again, as a new one."""
+    store, _, _ = shipping
+    state, marks = _state_and_marks(store)
+    store.running[state], store.running[marks] = {}, {}
+    assert _decision(_restarted(store)) == "ship"
+
+
+def test_a_record_lost_is_counted_once_and_its_no_ship_stored_again_if_that_is_lost_too(shipping, caplog):
+    """Review (session 10) M2: a marked record that stayed missing was counted and logged
+    at every look; M1: once it was saved again, a lost no_ship let the treatment ship."""
+    store, _, _ = shipping
+    state, marks = _state_and_marks(store)
+    del store.running[state][BASE]
+    again = _restarted(store)
+    for _ in range(4):
+        assert _decision(again) == "keep_running"
+    # (`lost` also counts the fake look's records read back in another spelling: the log says which)
+    assert sum("a look had saved" in r.getMessage() for r in caplog.records) == 1
+    assert store.running[marks][BASE].startswith("lost ")
+    scope = final.key(again.experiments.phase.phase.comparison)
+    del store.running[scope]["new\x1f"]          # the no_ship lost too (evicted, another shard)
+    latest = _restarted(store)
+    assert _decision(latest) == "keep_running"
+    assert sum("a look had saved" in r.getMessage() for r in caplog.records) == 1
+    assert final.parsed(store.running[scope]["new\x1f"])[0] == "no_ship"
+
+
+def test_marks_are_written_after_the_records_and_read_before_them(shipping, monkeypatch):
+    """Review (session 10) L1/L2: a reader between the two writes must never see a mark
+    without its record."""
+    store, pipeline, _ = shipping
+    order = []
+    save, load = store.save_running, store.load_running
+    monkeypatch.setattr(store, "save_running", lambda k, *a, **kw: order.append(("save", k)) or save(k, *a, **kw))
+    monkeypatch.setattr(store, "load_running", lambda k: order.append(("load", k)) or load(k))
+    state, marks = _state_and_marks(store)
+    del store.running[marks][BASE]   # (so that this look writes the marks again)
+    pipeline.ab_look()
+    assert order.index(("load", marks)) < order.index(("load", state))
+    assert order.index(("save", state)) < order.index(("save", marks))

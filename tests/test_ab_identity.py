@@ -302,7 +302,7 @@ def test_a_declaration_changed_between_looks_is_a_new_experiment_with_fresh_reco
     feed(first, bus, events[:200])
     before = first.ab_look()
     assert before.notes == () and [d.decision for d in before.decisions] == ["keep_running"]
-    old_records = {k: dict(v) for k, v in store.running.items() if k.startswith(before.experiment + "|")}
+    old_records = {k: dict(v) for k, v in store.running.items() if k.startswith(before.experiment + "|alpha=")}
     [old_records] = old_records.values()
     # Written another way, the same declaration is the same experiment.
     same = settings_with(**{**DECLARED, "RANKMETER_AB_PRIMARY": "AP macro increase, nDCG@10 increase"})
@@ -319,7 +319,7 @@ def test_a_declaration_changed_between_looks_is_a_new_experiment_with_fresh_reco
     assert "the declared decision changed" in note and f"note: {note}" in ab_report.table(look, 0.05)
     # No record of the first declaration is carried: the new experiment's sequences are one
     # look's, at its own levels (AP alone: α/k = 0.05), and the old records are untouched.
-    state = {n: next(k for k in store.running if k.startswith(n + "|")) for n in (before.experiment, look.experiment)}
+    state = {n: next(k for k in store.running if k.startswith(n + "|alpha=")) for n in (before.experiment, look.experiment)}
     assert store.running[state[before.experiment]] == old_records
     ap = next(c for c in look.comparisons if (c.metric, c.average) == ("AP", "macro"))
     assert ap.tests["ship"] == Running(*msprt(ap.estimate, ap.tau2, 0.05))

@@ -4,7 +4,7 @@ A batch costs a handful of commands per partition whatever its size: records liv
 one hash per partition (one HMGET to read, one HSET to write) rather than a key each,
 since redis-py spends more on packing a command than Redis spends running it. Records
 close through the `open` deadlines (event time), swept by the pipeline, instead of key
-TTLs. A checkpoint is one Lua script (`_COMMIT`), fenced by the owner's epoch.
+TTLs. A checkpoint is one Lua script (`redis_scripts.COMMIT`), fenced by the owner's epoch.
 
 Keys, with prefix P and partition p (all of p's keys hash to one slot):
 
@@ -34,108 +34,10 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter import redis_hashes, redis_users
+from rankmeter import redis_hashes, redis_scripts, redis_users
 from rankmeter.ab import hll
 from rankmeter.store import (FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, Refused, layout_history,
                              numbers)
-
-# Admits a label value while fewer than the cap were used within the idle time; atomic
-# across replicas. KEYS[1] zset value -> last use (ms); ARGV value, cap, cutoff, now.
-_ADMIT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# A checkpoint (store.PartitionCheckpoint), all or nothing. KEYS: meta, queries, open, buckets, offsets, ab,
-# then one HyperLogLog per arm with users to add (pipeline/users.py), in the order of the last section.
-# ARGV: epoch, layout, the mark expected (the owner's last), then counted sections: records (id, record), deadlines (score, id),
-# buckets, offsets, watermarks and metadata, arm sums (field, value); deleted records,
-# dropped buckets, deleted metadata fields (ids); per arm key, its users (counted lists).
-# Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone,
-# -2 when the stored mark is not the owner's last (Redis lost the last checkpoints).
-_COMMIT = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return -1 end
-if epoch ~= ARGV[1] then return 0 end
-if (redis.call('HGET', KEYS[1], 'mark') or '') ~= ARGV[3] then return -2 end
-local i = 4
-local function section(width, apply)
-  local n = tonumber(ARGV[i]) * width
-  i = i + 1
-  -- unpack() is bounded by Lua's C stack: chunks of 4000 arguments
-  for s = i, i + n - 1, 4000 do apply(s, math.min(s + 3999, i + n - 1)) end
-  i = i + n
-end
--- Users first (a script is not rolled back); a key no valid HyperLogLog fails PFADD: left as it
--- is, unreadable, so the looks leave the user test out (a reset would under-count the arm).
-local users = i
-for _, width in ipairs({2, 2, 2, 2, 2, 2, 1, 1, 1}) do users = users + 1 + tonumber(ARGV[users]) * width end
-for k = 7, #KEYS do
-  local n = tonumber(ARGV[users])
-  for s = users + 1, users + n, 4000 do
-    local e = math.min(s + 3999, users + n)
-    redis.pcall('PFADD', KEYS[k], unpack(ARGV, s, e))
-  end
-  users = users + 1 + n
-end
-section(2, function(a, b) redis.call('HSET', KEYS[2], unpack(ARGV, a, b)) end)
-section(2, function(a, b) redis.call('ZADD', KEYS[3], unpack(ARGV, a, b)) end)
-section(2, function(a, b) redis.call('HSET', KEYS[4], unpack(ARGV, a, b)) end)
-section(2, function(a, b) redis.call('HSET', KEYS[5], unpack(ARGV, a, b)) end)
-section(2, function(a, b) redis.call('HSET', KEYS[1], unpack(ARGV, a, b)) end)
-section(2, function(a, b) redis.call('HSET', KEYS[6], unpack(ARGV, a, b)) end)
-section(1, function(a, b)
-  redis.call('HDEL', KEYS[2], unpack(ARGV, a, b))
-  redis.call('ZREM', KEYS[3], unpack(ARGV, a, b))
-end)
-section(1, function(a, b) redis.call('HDEL', KEYS[4], unpack(ARGV, a, b)) end)
-section(1, function(a, b) redis.call('HDEL', KEYS[1], unpack(ARGV, a, b)) end)
-redis.call('HSET', KEYS[1], 'layout', ARGV[2])
-return 1
-"""
-
-
-# Deletes a partition's state but its epoch, while `epoch` is the stored one (ARGV[1]; ''
-# for any). KEYS: meta, queries, open, buckets, offsets, ab (one slot). Returns 1 or 0.
-_WIPE = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if ARGV[1] ~= '' and epoch ~= ARGV[1] then return 0 end
-redis.call('DEL', unpack(KEYS))
-if epoch then redis.call('HSET', KEYS[1], 'epoch', epoch) end
-return 1
-"""
-
-# Replaces a stored epoch HINCRBY cannot increment (not an integer, or near overflow) by
-# ARGV[1] (a time in ms: no owner holds it), atomically: of two replicas repairing at once,
-# the second sees the first's integer and leaves it, so their claims get distinct epochs.
-_REPAIR_EPOCH = """
-local e = redis.call('HGET', KEYS[1], 'epoch')
-if e and (not string.match(e, '^[1-9]%d*$') or #e > 15) and e ~= '0' then
-  redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# Writes partition 0's holder's A/B state while ARGV[1] is partition 0's stored epoch.
-# KEYS: partition 0's meta, the target. ARGV: epoch, then HSET's field/values (_SAVE) or
-# the line and how many to keep (_APPEND). Returns 1, or 0 for a stale holder.
-_SAVE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 2))
-return 1
-"""
-_APPEND = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
-return 1
-"""
-
 
 class RedisStore:
     # A restarting Redis refuses connections, then answers LOADING (BusyLoadingError, a
@@ -157,12 +59,13 @@ class RedisStore:
         else:
             self.client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
         self.prefix = prefix
-        self._admit = self.client.register_script(_ADMIT)
-        self._commit = self.client.register_script(_COMMIT)
-        self._wipe = self.client.register_script(_WIPE)
-        self._save = self.client.register_script(_SAVE)
-        self._repair_epoch = self.client.register_script(_REPAIR_EPOCH)
-        self._append = self.client.register_script(_APPEND)
+        self._admit = self.client.register_script(redis_scripts.ADMIT)
+        self._commit = self.client.register_script(redis_scripts.COMMIT)
+        self._wipe = self.client.register_script(redis_scripts.WIPE)
+        self._save = self.client.register_script(redis_scripts.SAVE)
+        self._repair_epoch = self.client.register_script(redis_scripts.REPAIR_EPOCH)
+        self._append = self.client.register_script(redis_scripts.APPEND)
+        self._digest = self.client.register_script(redis_scripts.DIGEST)
 
     def _key(self, partition: int, name: str) -> str:
         return f"{self.prefix}:{{{self.prefix}:{partition}}}:{name}"
@@ -238,14 +141,7 @@ class RedisStore:
             tuple(unreadable))
 
     def eviction_policy(self) -> str | None:
-        """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
-        try:
-            found = self.client.config_get("maxmemory-policy")
-        except redis.ResponseError:
-            return None
-        values = found.values() if isinstance(found, dict) else []
-        policies = {v.decode() if isinstance(v, bytes) else str(v) for v in values}
-        return policies.pop() if len(policies) == 1 else ",".join(sorted(policies))
+        return eviction_policy(self.client)
 
     def read(self, wanted: Mapping[int, list[str]]) -> dict[int, list[bytes | None]]:
         with self.client.pipeline(transaction=False) as pipe:
@@ -282,7 +178,7 @@ class RedisStore:
         # A script unknown to Redis (restarted, or SCRIPT FLUSH) did not run: load it, run those again.
         again = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, redis.exceptions.NoScriptError)]
         if again:
-            self.client.script_load(_COMMIT)
+            self.client.script_load(redis_scripts.COMMIT)
             for i, outcome in zip(again, run(again)):
                 outcomes[i] = outcome
         for outcome in outcomes:
@@ -339,6 +235,17 @@ class RedisStore:
             return ""
         return "" if stored is None else stored.decode(errors="replace")
 
+    def definition(self, experiment: str) -> str:
+        try:
+            stored = self.client.get(f"{self.prefix}:ab:definition:{experiment}")
+        except redis.ResponseError:  # not a string (WRONGTYPE)
+            return ""
+        return "" if stored is None else stored.decode(errors="replace")
+
+    def definition_digest(self, experiment: str) -> str | None:
+        digest = self._digest(keys=[f"{self.prefix}:ab:definition:{experiment}"])
+        return None if digest is None else digest.decode()
+
     def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         if not running:
             return True
@@ -380,8 +287,19 @@ class RedisStore:
         self.client.close()
 
 
+def eviction_policy(client: redis.Redis | RedisCluster) -> str | None:
+    """Redis's maxmemory-policy, or None when CONFIG is not allowed (managed Redis, ACLs)."""
+    try:
+        found = client.config_get("maxmemory-policy")
+    except redis.ResponseError:
+        return None
+    values = found.values() if isinstance(found, dict) else []
+    policies = {v.decode() if isinstance(v, bytes) else str(v) for v in values}
+    return policies.pop() if len(policies) == 1 else ",".join(sorted(policies))
+
+
 def commit_args(c: PartitionCheckpoint) -> list:
-    """_COMMIT's arguments for a checkpoint (its keys: RedisStore.commit)."""
+    """redis_scripts.COMMIT's arguments for a checkpoint (its keys: RedisStore.commit)."""
     args: list = [c.epoch, c.layout, c.expect]
     sections = ([(q, r) for q, r in c.records.items()], [(d, q) for q, d in c.deadlines.items()],
                 list(c.buckets.items()), list(c.offsets.items()),

@@ -299,6 +299,9 @@ def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], 
         # Every replica weighs the debiased measures with the same propensities: partition
         # 0's holder estimates them, the others read its estimate.
         pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions, now=time.time())
+        # Every replica: CUPED means in the store that are not its own (it lost them, another
+        # process stored others) followed within a look's interval, not at the next claim.
+        pipeline.experiments.covariates.resolve()
         if 0 not in pipeline.partitions:
             pipeline.experiments.forget()
             return True

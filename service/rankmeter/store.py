@@ -10,6 +10,8 @@ unit tests; `RedisStore` (redis_store.py) is the real one.
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple, Protocol
 
@@ -139,6 +141,13 @@ class Store(Protocol):
         """The experiment's stored definition (the measures its sums hold): `definition`
         if none was stored (or with `replace`), stored then; else the stored one, which the
         first replica to define it chose. "" when what is stored is no text."""
+
+    def definition(self, experiment: str) -> str:
+        """The experiment's stored definition, read only; "" when none or no text."""
+
+    def definition_digest(self, experiment: str) -> str | None:
+        """The SHA-1 (hex) of the stored definition's bytes, computed where it is stored (a
+        6 MB one compared without being sent); None when none is stored, "" when no text."""
 
     def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
         """The experiment's history (for `rankmeter report --ab --html`): the last `keep`.
@@ -291,6 +300,13 @@ class MemoryStore:
         if replace:
             self.definitions[experiment] = definition
         return self.definitions.setdefault(experiment, definition)
+
+    def definition(self, experiment: str) -> str:
+        return self.definitions.get(experiment, "")
+
+    def definition_digest(self, experiment: str) -> str | None:
+        text = self.definitions.get(experiment)
+        return None if text is None else hashlib.sha1(text.encode()).hexdigest()
 
     def save_running(self, experiment: str, running: Mapping[str, str], epoch: int | None = None) -> bool:
         if not self._owner(0, epoch):

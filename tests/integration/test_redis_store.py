@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from rankmeter.redis_store import RedisStore
-from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint
+from rankmeter.store import FENCED, LOST, REWOUND, MemoryStore, PartitionCheckpoint
 
 pytestmark = pytest.mark.integration
 
@@ -165,6 +165,21 @@ def test_the_first_definition_of_an_experiment_wins_and_one_of_another_type_is_r
     assert store.define_experiment("g", '["a#1"]') == ""
     assert store.define_experiment("g", '["a#1"]', replace=True) == '["a#1"]'
     assert store.define_experiment("g", '["c"]') == '["a#1"]'
+
+
+def test_a_definition_is_read_and_its_digest_computed_where_it_is_stored(store):
+    """Review 4, M1: the CUPED means (6.3 MB) are compared at each claim by a digest."""
+    import hashlib
+    assert store.definition("d") == "" and store.definition_digest("d") is None
+    text = "é" + "x" * 100_000
+    store.define_experiment("d", text)
+    assert store.definition("d") == text
+    assert store.definition_digest("d") == hashlib.sha1(text.encode()).hexdigest()
+    store.client.hset(f"{store.prefix}:ab:definition:h", "x", "y")      # not a string
+    assert store.definition("h") == "" and store.definition_digest("h") == ""
+    memory = MemoryStore()
+    memory.define_experiment("d", text)
+    assert memory.definition_digest("d") == store.definition_digest("d") and memory.definition("d") == text
 
 
 def test_the_ab_sums_read_whole_only_some_or_without_some_as_in_memory(store):

@@ -293,7 +293,12 @@ class Experiments:
         a = self.settings.ab
         tau2 = a.mixture_variance or f"scale={a.mixture_scale}"
         state = f"{experiment}|alpha={a.alpha}|tau2={tau2}"
+        # A record a look saved (marked after it was stored, so read before it) that the store no
+        # longer holds and no process remembers (evicted, deleted, another mixture setting): lost.
+        marks_key, declared = final.tested_key(experiment), roles(a)
+        marked = self.records.marks(marks_key)
         running, unreadable_fields = self.records.load(state)
+        missing, lost_before = self.records.missing(marked, running, unreadable_fields, experiment)
         tested_from = phase.phase.since_ms + mixture_after_ms(self.settings)
         # By the data read too (a backlog has not read its clicks); rankmeter report fixes none.
         settled = save and self.clock() * 1000 >= tested_from and read_past(self.held, tested_from)
@@ -308,7 +313,8 @@ class Experiments:
         scope = phase.phase.comparison  # (a treatment whose decision's running record was unreadable: no_ship)
         decisions, reached, final_notes = final.applied(
             self.store, self.unreadable, scope, names | {experiment}, self.records.saved,
-            decide(result, a, {**running, **kept}), now_ms, final.treatments(unreadable_fields, roles(a)), bool(a.primary))
+            decide(result, a, {**running, **kept}), now_ms, final.treatments([*unreadable_fields, *missing, *lost_before], declared),
+            bool(a.primary))
         notes = phase.notes(names) + result.notes + ((waiting_note(tested_from),) if waiting else ()) + final_notes
         result = result._replace(split=phase.phase.split, since_ms=phase.phase.since_ms, notes=notes,
                                  unit=phase.phase.unit, decisions=decisions)
@@ -322,6 +328,8 @@ class Experiments:
         if save and owner is not None and reached:  # (fenced the same way: a stale holder writes nothing)
             self.records.save(final.key(scope), {**self.records.saved.get(final.key(scope), {}), **reached}, owner)
         if save and owner is not None and self.records.save(state, {**running, **kept}, owner):
+            # After the records are stored: a mark never names a record not yet written.
+            self.records.mark(marks_key, [f for f in kept if final.treatments([f], declared)], missing, now_ms, owner)
             if now_ms - self._last_history_ms >= HISTORY_INTERVAL_MS:
                 self.store.append_look(experiment, ab_report.snapshot(result, now_ms), HISTORY_KEEP, owner)
                 self._last_history_ms = now_ms

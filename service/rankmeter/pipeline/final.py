@@ -37,13 +37,19 @@ def key(comparison: str) -> str:
     return f"{comparison}|final"
 
 
+def tested_key(experiment: str) -> str:
+    """The state key naming the running records a look of the experiment has saved (any of
+    them missing later was lost: `treatments`)."""
+    return f"{experiment}|tested"
+
+
 def field(d: Decision) -> str:
     return f"{d.treatment}\x1f{d.segment}"
 
 
 def treatments(running_fields: Iterable[str], declared: Mapping[tuple[str, str], str]) -> set[str]:
     """The fields (treatment␟segment) whose decision lost a running record that holds a τ²
-    (`running_fields`, unreadable): a declared metric's base record (metric␟treatment␟
+    (`running_fields`, unreadable or missing): a declared metric's base record (metric␟treatment␟
     segment␟average[␟cuped]; its test records, at a level, take τ² from it, so losing one
     only shortens the running intersection, still valid), and the SRM's (srm␟segment: a
     mismatch it had found would be forgotten), which counts for every treatment of the
