@@ -108,6 +108,15 @@ def test_stored_curves_read_back_and_garbage_is_left_out():
     assert segments.from_field(None, K, 5.0) == {}
 
 
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"at": 5.0, "curves": {"mobile": [int("9" * 400)] * K}}),  # OverflowError in isfinite
+    "[" * 100_000,                                                          # RecursionError
+])
+def test_a_hostile_stored_text_is_unreadable_not_a_crash(text):
+    """Review s10 M3: what the stored look holds must never stop a replica's look."""
+    assert segments.from_field(text, K, 5.0) == {}
+
 # ---- in the pipeline: stored per partition, read back after a restart ----
 
 START_MS = 1_800_000_000_000

@@ -19,6 +19,7 @@ the global curve elsewhere.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 
@@ -27,9 +28,12 @@ import numpy as np
 from rankmeter.debias.fit import MAX_RATIO, _excess
 from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate
 
+log = logging.getLogger("rankmeter.store")
+
 NAME = "propensity-segment"   # the first part of a segment's stored field
 KEY = "segments"              # the stored look's field: segment -> its curve (JSON)
 REFRESH_GROWTH = 1.1          # a segment's curve is estimated anew once its pairs grew by this
+MAX_TEXT = 1_000_000          # a stored `KEY` longer than this is unreadable (21 curves: ~6 KB)
 
 
 def field(segment: str) -> str:
@@ -113,9 +117,17 @@ def from_field(text: str | None, ranks: int, at: float) -> dict[str, list[float]
     with the global curve, so must this one); an unreadable curve is left out (that
     segment: the global one)."""
     try:
-        stored = json.loads(text) if text is not None else {}
-    except ValueError:
+        return _curves(text, ranks, at)
+    except (ValueError, RecursionError, OverflowError, TypeError) as e:
+        # (a stored text must never stop a look: a 400-digit number, a deep nesting)
+        _log_once(repr(e))
         return {}
+
+
+def _curves(text: str | None, ranks: int, at: float) -> dict[str, list[float]]:
+    if text is not None and len(text) > MAX_TEXT:
+        raise ValueError(f"{len(text)} characters")
+    stored = json.loads(text) if text is not None else {}
     if not isinstance(stored, dict) or stored.get("at") != at or not isinstance(stored.get("curves"), dict):
         return {}
     return {s: c for s, c in stored["curves"].items()
@@ -123,6 +135,15 @@ def from_field(text: str | None, ranks: int, at: float) -> dict[str, list[float]
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                     for v in c)}
 
+
+_logged = False
+
+
+def _log_once(why: str) -> None:
+    global _logged
+    if not _logged:
+        _logged = True
+        log.error("skipping the unreadable stored segment curves", extra={"why": why[:200]})
 
 __all__ = ["KEY", "NAME", "SegmentHarvest", "curves", "field", "from_field", "qualifies", "segment_of",
            "to_field"]
