@@ -120,9 +120,11 @@ def test_a_hostile_stored_text_is_unreadable_not_a_crash(text):
 # ---- in the pipeline: stored per partition, read back after a restart ----
 
 START_MS = 1_800_000_000_000
-SETTINGS = config.load(None, {"RANKMETER_WINDOWS_ATTRIBUTION": "5m", "RANKMETER_WINDOWS_GRACE": "1m",
-                              "RANKMETER_WINDOWS_JUDGMENTS": "10m", "RANKMETER_WINDOWS_SIZES": "1h",
-                              "RANKMETER_DEBIAS_HARVEST_SHARE": "1", "RANKMETER_DEBIAS_SEGMENT_MIN_PAIRS": "300"})
+ENV = {"RANKMETER_WINDOWS_ATTRIBUTION": "5m", "RANKMETER_WINDOWS_GRACE": "1m", "RANKMETER_WINDOWS_JUDGMENTS": "10m",
+       "RANKMETER_WINDOWS_SIZES": "1h", "RANKMETER_DEBIAS_HARVEST_SHARE": "1",
+       "RANKMETER_DEBIAS_SEGMENT_MIN_PAIRS": "300"}
+SETTINGS = config.load(None, {**ENV, "RANKMETER_DEBIAS_SEGMENT_CURVES": "true"})  # (off by default)
+OFF = config.load(None, ENV)
 
 
 class Clock:
@@ -162,8 +164,8 @@ def run(pipeline: Pipeline, bus: Bus, clock: Clock, queries: int, seed: int, sta
             pipeline.process(records)
 
 
-def pipeline_on(store: MemoryStore, clock: Clock) -> tuple[Pipeline, Bus]:
-    pipeline = Pipeline(SETTINGS, store, lambda r, why: None, clock)
+def pipeline_on(store: MemoryStore, clock: Clock, settings: config.Settings = SETTINGS) -> tuple[Pipeline, Bus]:
+    pipeline = Pipeline(settings, store, lambda r, why: None, clock)
     bus = Bus(partitions=2)
     bus.subscribe([SETTINGS.kafka.impressions_topic, SETTINGS.kafka.feedback_topic], pipeline.assign,
                   pipeline.revoke)
@@ -177,6 +179,28 @@ def harvested() -> tuple[Pipeline, MemoryStore, Bus]:
     run(pipeline, bus, clock, 3000, 1, START_MS)
     pipeline.look_at_position_bias(estimate_here=True)
     return pipeline, store, bus
+
+
+def test_off_by_default_no_segment_table_field_or_curve(harvested):
+    """debias.segment_curves is off by default (review s10 H1, M4): nothing per segment is
+    harvested, stored or read, even a valid stored `segments` field."""
+    assert not OFF.debias.segment_curves
+    store, clock = MemoryStore(), Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock, OFF)
+    run(pipeline, bus, clock, 1000, 1, START_MS)
+    pipeline.look_at_position_bias(estimate_here=True)
+    bias = pipeline.position_bias
+    assert bias.tables.segments.tables == {} and bias.segment_status == {} and bias.segment_curves == {}
+    assert not any(segments.segment_of(f) for fields in store.load_ab(store.partitions()).values() for f in fields)
+    name = next(iter(store.running))
+    assert segments.KEY not in store.running[name]
+    # A record an enabled holder wrote: an off replica weighs with the global curve only.
+    on_store = harvested[1]
+    on_name = next(iter(on_store.running))
+    assert segments.KEY in on_store.running[on_name]
+    replica = Pipeline(OFF, on_store, lambda r, why: None, Clock(START_MS))
+    replica.look_at_position_bias(estimate_here=False)
+    assert replica.position_bias.segment_curves == {}
 
 
 def test_per_segment_sums_are_stored_per_partition_and_read_back_after_a_restart(harvested):

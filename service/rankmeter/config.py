@@ -152,8 +152,11 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     max_weight: float = 10.0      # IPW clip: a click counts at most this many times
     min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
     capacity: int = 50_000        # (query text, document) entries in each process's harvest table
-    # Per-segment curves (debias/segments.py): a segment gets its own when its harvest has
-    # this many pairs at every rank; each segment label's table holds this many entries.
+    # Per-segment curves (debias/segments.py), off by default: a segment with thousands of
+    # query texts rarely reaches support in its table, and the harvest costs up to 2.7x
+    # (docs/debiasing.md). On, a segment gets its own when its harvest has this many pairs
+    # at every rank; each segment label's table holds this many entries.
+    segment_curves: bool = False
     segment_min_pairs: int = 1000
     segment_capacity: int = 2000
     # The share of queries harvested (by a hash of query_id): the estimate needs thousands,

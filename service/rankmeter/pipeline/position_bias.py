@@ -46,9 +46,15 @@ class PositionBias:
 
     def _tables(self) -> ModelTables:
         d = self.settings.debias
-        # One segment table per label the label cap admits, and `other`.
+        # One segment table per label the label cap admits, and `other` (none when off).
+        limit = self.settings.limits.max_segments + 1 if d.segment_curves else 0
         return ModelTables(d.ranks, d.capacity, d.max_weight, segment_capacity=d.segment_capacity,
-                           segment_limit=self.settings.limits.max_segments + 1)
+                           segment_limit=limit)
+
+    @property
+    def per_segment(self) -> bool:
+        """Per-segment curves on (`debias.segment_curves`): else no segment table, field or curve."""
+        return self.settings.debias.segment_curves
 
     @property
     def segment_curves(self) -> dict[str, list[float]]:
@@ -105,7 +111,7 @@ class PositionBias:
             ps = self.held.get(p)
             if ps is None or p not in payloads:
                 continue
-            for f in [f for f in ps.dirty_ab if f == PAIRS or segments.segment_of(f) is not None]:
+            for f in [f for f in ps.dirty_ab if f == PAIRS or (self.per_segment and segments.segment_of(f) is not None)]:
                 payloads[p].ab[f] = ps.ab[f].tobytes()
                 ps.dirty_ab.discard(f)
 
@@ -117,20 +123,23 @@ class PositionBias:
         checkpoint was built (an expired one is no longer in the cache)."""
         if not self.measures:
             return
+        on = self.per_segment
         for p, records in due.items():
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
-            before, segments_before = self.tables.vector(), self.tables.segments.vectors()
+            before = self.tables.vector()
+            segments_before = self.tables.segments.vectors() if on else {}
             for qid, record in records.items():
                 if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
-                                        set(record.clicked), record.implicit, record.segment_label)
+                                        set(record.clicked), record.implicit, record.segment_label if on else "")
                     self.harvested += 1
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
-            self._segment_deltas(ps, segments_before)
+            if on:
+                self._segment_deltas(ps, segments_before)
 
     def _segment_deltas(self, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
         """What the partition's queries moved in each segment's sums, into its stored ones
@@ -234,15 +243,19 @@ class PositionBias:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
             found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
-            curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
-            self.store.save_running(name, {**to_fields(found), segments.KEY: segments.to_field(curves, found.at)},
-                                    self.held[0].epoch)
+            fields = to_fields(found)
+            curves: dict[str, list[float]] = {}
+            if d.segment_curves:
+                curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
+                fields[segments.KEY] = segments.to_field(curves, found.at)
+            self.store.save_running(name, fields, self.held[0].epoch)
         else:
             stored = self.store.load_running(name)
             kept = from_fields(stored, d.ranks, slots(d.ranks))
             if kept is None:
                 return
-            found, curves = kept, segments.from_field(stored.get(segments.KEY), d.ranks, kept.at)
+            found = kept
+            curves = segments.from_field(stored.get(segments.KEY), d.ranks, kept.at) if d.segment_curves else {}
         self._looked = True
         self._ideals = {}  # weighed anew, with the harvest since the last look
         self.tables.looked(found, curves)
