@@ -241,6 +241,42 @@ def test_a_previous_version_reads_the_segment_fields_as_another_experiments(harv
     assert not vectors and segments.NAME not in names and not skipped
 
 
+@pytest.mark.parametrize("corrupt", [np.nan, np.inf, 1e300])
+def test_corrupt_stored_segment_sums_are_unreadable_dropped_and_rewritten(corrupt):
+    """Review s10 M1: a partition's stored segment sums that are not finite or too large
+    are counted, left out of the curve and stored anew from zero."""
+    f, store, clock = segments.field("mobile"), MemoryStore(), Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 1500, 1, START_MS)
+    good = np.frombuffer(store.ab[1][f]).copy()
+    store.ab[1][f] = np.full(len(good), corrupt).tobytes()
+    pipeline.revoke([0, 1])
+    pipeline.assign([0, 1])  # as a restart: the state claimed from the store
+    before = pipeline.unreadable.counts["experiment"]
+    pipeline.look_at_position_bias(estimate_here=True)
+    assert pipeline.unreadable.counts["experiment"] > before
+    assert pipeline.position_bias.segment_curves.get("mobile", [1.0])[1:] != [1.0] * (K - 1)  # (1e300: flat)
+    run(pipeline, bus, clock, 1500, 2, clock.ms + 1000)
+    stored = np.frombuffer(store.ab[1][f])
+    assert segments.unreadable(stored, K) is None and stored[K * K:].sum() > 0
+
+
+@pytest.mark.parametrize("corrupt", ["negative", "clicks"])
+def test_inconsistent_segment_totals_are_counted_and_left_out(corrupt):
+    """Review s10 M1: a segment's sums over every partition that are negative or have more
+    clicks than pairs give no curve (the global one), counted."""
+    tables = fed(6000, 1, 0.4, min_pairs=300)
+    total = tables.segments.tables["mobile"].sums.to_vector()
+    assert segments.curves({"mobile": total}, K, 300) != {}
+    bad = total.copy()
+    if corrupt == "negative":
+        bad[K * K + 1] = -5.0
+    else:
+        bad[1] = bad[K * K + 1] + 5.0
+    assert segments.inconsistent(bad, K) is not None and segments.inconsistent(total, K) is None
+    assert segments.curves({"mobile": bad}, K, 300) == {}
+
+
 def test_the_segment_curve_series(harvested, promtool):  # noqa: F811 (the fixture)
     pipeline, _, _ = harvested
     text = Exporter(pipeline.readout, Health(), dict).render().decode()

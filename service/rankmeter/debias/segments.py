@@ -32,6 +32,7 @@ log = logging.getLogger("rankmeter.store")
 
 NAME = "propensity-segment"   # the first part of a segment's stored field
 KEY = "segments"              # the stored look's field: segment -> its curve (JSON)
+MAX_SUM = 1e15                # stored sums past this are no stream's (1e300: a flat curve)
 REFRESH_GROWTH = 1.1          # a segment's curve is estimated anew once its pairs grew by this
 MAX_TEXT = 1_000_000          # a stored `KEY` longer than this is unreadable (21 curves: ~6 KB)
 
@@ -71,6 +72,29 @@ class SegmentHarvest:
         return {s: t.sums.to_vector() for s, t in self.tables.items()}
 
 
+def unreadable(vector: np.ndarray, ranks: int) -> str | None:
+    """Why a partition's stored segment sums cannot be sums (review s10 M1: a NaN disabled
+    the segment's curve for good, 1e300 gave a flat one), else None. (A partition's are
+    deltas of a bounded table: they may be negative, their total may not: `inconsistent`.)"""
+    if len(vector) != 2 * ranks ** 2:
+        return f"{len(vector)} numbers, not {2 * ranks ** 2}"
+    if not np.isfinite(vector).all() or (np.abs(vector) > MAX_SUM).any():
+        return "not finite or too large"
+    return None
+
+
+def inconsistent(total: np.ndarray, ranks: int) -> str | None:
+    """Why a segment's sums over every partition cannot be pair sums, else None: negative,
+    or more clicks than pairs (a CTR is at most 1), past rounding."""
+    k2 = ranks ** 2
+    tolerance = 1e-6 * max(1.0, float(np.abs(total).max(initial=0.0)))
+    if (total < -tolerance).any():
+        return "negative"
+    if (total[:k2] > total[k2:] + tolerance).any():
+        return "more clicks than pairs"
+    return None
+
+
 def qualifies(found: Propensities, min_pairs: float) -> bool:
     """The support rule (module docstring): every rank estimated on `min_pairs` pairs or
     more, and within the fit test's plausibility bounds."""
@@ -89,7 +113,7 @@ def curves(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float,
     kept = {} if kept is None else kept
     out = {}
     for segment, vector in sorted(sums.items()):
-        if len(vector) != 2 * ranks ** 2 or not np.isfinite(vector).all():
+        if unreadable(vector, ranks) is not None or inconsistent(vector, ranks) is not None:
             continue
         found = PairSums.from_vector(vector)
         pairs = float(found.pairs.sum())
@@ -146,4 +170,4 @@ def _log_once(why: str) -> None:
         log.error("skipping the unreadable stored segment curves", extra={"why": why[:200]})
 
 __all__ = ["KEY", "NAME", "SegmentHarvest", "curves", "field", "from_field", "qualifies", "segment_of",
-           "to_field"]
+           "inconsistent", "to_field", "unreadable"]

@@ -69,8 +69,8 @@ class Pipeline:
         self.ledger = Ledger(store, self.lock)
         # `bounds`: the source's log start and end per partition, to find offsets gone backwards.
         checks = OffsetChecks(self.ledger, settings.kafka.on_offsets_reset, bounds)
-        self.position_bias = PositionBias(settings, store, self.partitions)
         self.unreadable = Unreadable()  # stored fields skipped: counted, never raised
+        self.position_bias = PositionBias(settings, store, self.partitions, self.unreadable)
         self.labels = Labels(settings, store, clock)
         self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock, self.labels,
                                        self.unreadable)

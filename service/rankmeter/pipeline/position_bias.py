@@ -18,6 +18,7 @@ from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import PartitionCheckpoint, Store
+from rankmeter.unreadable import Unreadable
 
 # A cached ideal is weighed anew once its text's harvest has grown by this factor: an
 # ideal over a thin harvest overstates (the top of noisy estimates), and a replay or a
@@ -26,8 +27,10 @@ IDEAL_REFRESH_GROWTH = 1.25
 
 
 class PositionBias:
-    def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState]) -> None:
+    def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState],
+                 unreadable: Unreadable | None = None) -> None:
         self.settings = settings
+        self.unreadable = unreadable if unreadable is not None else Unreadable()
         self.store = store
         self.held = held
         self.measures = parse_all(settings.debias.measures)
@@ -139,19 +142,22 @@ class PositionBias:
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
             if on:
-                self._segment_deltas(ps, segments_before)
+                self._segment_deltas(p, ps, segments_before)
 
-    def _segment_deltas(self, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
+    def _segment_deltas(self, p: int, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
         """What the partition's queries moved in each segment's sums, into its stored ones
-        (one of another length, another `debias.ranks`'s, starts afresh)."""
-        size = 2 * self.settings.debias.ranks ** 2
+        (unreadable ones, `segments.unreadable`, counted and started afresh)."""
+        ranks = self.settings.debias.ranks
         for segment, after in self.tables.segments.vectors().items():
             moved = after - before[segment] if segment in before else after
             if not moved.any():
                 continue
             f = segments.field(segment)
             stored = ps.ab.get(f)
-            ps.ab[f] = (stored if stored is not None and len(stored) == size else np.zeros(size)) + moved
+            if stored is not None and (why := segments.unreadable(stored, ranks)) is not None:
+                self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
+                stored = None
+            ps.ab[f] = (stored if stored is not None else np.zeros(2 * ranks ** 2)) + moved
             ps.dirty_ab.add(f)
 
     def values(self, records: list[QueryRecord], values: np.ndarray, nums: np.ndarray,
@@ -268,11 +274,20 @@ class PositionBias:
         known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
         known |= set(self.tables.segments.tables) | set(self.tables.curves)
         fields = [segments.field(s) for s in sorted(known)]
-        size = 2 * self.settings.debias.ranks ** 2
         out: dict[str, np.ndarray] = {}
-        for stored in self.store.load_ab(self.store.partitions(), only=fields).values() if fields else ():
+        loaded = self.store.load_ab(self.store.partitions(), only=fields) if fields else {}
+        for p, stored in loaded.items():
             for f, data in stored.items():
                 segment = segments.segment_of(f)
-                if segment is not None and len(data) == 8 * size:
-                    out[segment] = out.get(segment, 0) + np.frombuffer(data)
+                if segment is None:
+                    continue
+                vector = np.frombuffer(data[:len(data) - len(data) % 8])
+                if (why := segments.unreadable(vector, self.settings.debias.ranks)) is not None:
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)  # (its holder rewrites it)
+                    continue
+                out[segment] = out.get(segment, 0) + vector
+        for segment in list(out):  # (which partition is wrong is not known: only left out)
+            if (why := segments.inconsistent(out[segment], self.settings.debias.ranks)) is not None:
+                self.unreadable.skip("experiment", "ab", segments.field(segment), why)
+                del out[segment]
         return out
