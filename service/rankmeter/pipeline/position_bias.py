@@ -66,9 +66,11 @@ class PositionBias:
 
     @property
     def segment_status(self) -> dict[str, bool]:
-        """Each segment harvested here or with a curve: whether it has its own curve."""
-        curves = self.tables.curves
-        return {s: s in curves for s in sorted(set(self.tables.segments.tables) | set(curves))}
+        """Each segment harvested here or with a curve: whether its own curve weighs now (only
+        with pbm chosen and the debiased series not withdrawn: `ModelTables.weights`)."""
+        curves, look = self.tables.curves, self.tables.look
+        used = look.model == "pbm" and look.valid and look.chosen.relative[0] is not None
+        return {s: used and s in curves for s in sorted(set(self.tables.segments.tables) | set(curves))}
 
     @property
     def harvester(self) -> Harvester | None:
@@ -114,7 +116,8 @@ class PositionBias:
             ps = self.held.get(p)
             if ps is None or p not in payloads:
                 continue
-            for f in [f for f in ps.dirty_ab if f == PAIRS or (self.per_segment and segments.segment_of(f) is not None)]:
+            moved = [f for f in ps.dirty_ab if f == PAIRS or (self.per_segment and segments.segment_of(f))]
+            for f in moved:
                 payloads[p].ab[f] = ps.ab[f].tobytes()
                 ps.dirty_ab.discard(f)
 
