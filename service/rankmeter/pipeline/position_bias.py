@@ -134,8 +134,7 @@ class PositionBias:
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
-            before = self.tables.vector()
-            segments_before = self.tables.segments.vectors() if on else {}
+            before, segments_before = self.tables.vector(), self.tables.segments.vectors() if on else {}
             for qid, record in records.items():
                 if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
@@ -276,21 +275,26 @@ class PositionBias:
         look's."""
         known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
         known |= set(self.tables.segments.tables) | set(self.tables.curves)
-        fields = [segments.field(s) for s in sorted(known)]
-        out: dict[str, np.ndarray] = {}
-        loaded = self.store.load_ab(self.store.partitions(), only=fields) if fields else {}
-        for p, stored in loaded.items():
-            for f, data in stored.items():
-                segment = segments.segment_of(f)
-                if segment is None:
-                    continue
-                vector = np.frombuffer(data[:len(data) - len(data) % 8])
-                if (why := segments.unreadable(vector, self.settings.debias.ranks)) is not None:
-                    self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)  # (its holder rewrites it)
-                    continue
-                out[segment] = out.get(segment, 0) + vector
-        for segment in list(out):  # (which partition is wrong is not known: only left out)
-            if (why := segments.inconsistent(out[segment], self.settings.debias.ranks)) is not None:
-                self.unreadable.skip("experiment", "ab", segments.field(segment), why)
-                del out[segment]
-        return out
+        return segment_sums(self.store, known, self.settings.debias.ranks, self.unreadable)
+
+
+def segment_sums(store: Store, known: set[str], ranks: int, unreadable: Unreadable) -> dict[str, np.ndarray]:
+    """The `known` segments' stored sums over every partition, the unreadable left out and
+    counted: a partition's (its holder rewrites it, `_segment_deltas`), or a total's (which
+    partition is wrong is not known)."""
+    fields = [segments.field(s) for s in sorted(known)]
+    out: dict[str, np.ndarray] = {}
+    for p, stored in (store.load_ab(store.partitions(), only=fields) if fields else {}).items():
+        for f, data in stored.items():
+            if (segment := segments.segment_of(f)) is None:
+                continue
+            vector = np.frombuffer(data[:len(data) - len(data) % 8])
+            if (why := segments.unreadable(vector, ranks)) is not None:
+                unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
+                continue
+            out[segment] = out.get(segment, 0) + vector
+    for segment in list(out):
+        if (why := segments.inconsistent(out[segment], ranks)) is not None:
+            unreadable.skip("experiment", "ab", segments.field(segment), why)
+            del out[segment]
+    return out
