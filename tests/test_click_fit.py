@@ -201,3 +201,12 @@ def test_each_check_withdraws_on_its_own():
     assert judge(nan, ubm, fit_with_calibration(1.0), layout, None).reason == "implausible_propensities"
     # Before any look: nothing estimated, and so said.
     assert initial(K, slots(K)).reason == "insufficient_support"
+
+
+@pytest.mark.parametrize("bad", ["[" + str(10 ** 400) + "]", "[" * 200_000])
+def test_a_hostile_stored_look_is_unreadable_not_a_crash(bad):
+    """Review s10 M3: a 400-digit number (OverflowError), a deep nesting (RecursionError):
+    no look, never an exception."""
+    look = to_fields(initial(K, slots(K)))
+    assert from_fields({**look, "relative": bad}, K, slots(K)) is None
+    assert from_fields({**look, "support": bad}, K, slots(K)) is None

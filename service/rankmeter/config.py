@@ -152,6 +152,13 @@ class Debias(msgspec.Struct, forbid_unknown_fields=True):
     max_weight: float = 10.0      # IPW clip: a click counts at most this many times
     min_pairs: int = 100          # harvested (query, document) pairs a rank needs for an estimate
     capacity: int = 50_000        # (query text, document) entries in each process's harvest table
+    # Per-segment curves (debias/segments.py), off by default: a segment with thousands of
+    # query texts rarely reaches support in its table, and the harvest costs up to 2.7x
+    # (docs/debiasing.md). On, a segment gets its own when its harvest has this many pairs
+    # at every rank; each segment label's table holds this many entries.
+    segment_curves: bool = False
+    segment_min_pairs: int = 1000
+    segment_capacity: int = 2000
     # The share of queries harvested (by a hash of query_id): the estimate needs thousands,
     # not every one, and harvesting costs about 40 µs a query.
     harvest_share: float = 0.25
@@ -364,6 +371,9 @@ def _check(s: Settings) -> None:
         fail("debias.harvest_share", "must be in (0, 1]")
     if s.debias.min_pairs < 1 or s.debias.capacity < 1:
         fail("debias.min_pairs" if s.debias.min_pairs < 1 else "debias.capacity", "must be at least 1")
+    if s.debias.segment_min_pairs < 1 or s.debias.segment_capacity < 1:
+        fail("debias.segment_min_pairs" if s.debias.segment_min_pairs < 1 else "debias.segment_capacity",
+             "must be at least 1")
     if s.kafka.max_poll_records < 1:
         fail("kafka.max_poll_records", "must be at least 1")
     if s.kafka.backend not in KAFKA_BACKENDS:

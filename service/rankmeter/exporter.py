@@ -220,6 +220,13 @@ class PipelineCollector:
                 relative.add_metric([str(rank)], p)
             support.add_metric([str(rank)], n)
         yield from (relative, support)
+        own = GaugeMetricFamily(
+            "rankmeter_propensity_segment_curve", "1 for a segment whose debiased measures are weighed by its "
+            "own examination curve (its harvest has debias.segment_min_pairs pairs at every rank), 0 for one "
+            "harvested that uses the global curve.", labels=["segment"])
+        for segment, has in self.readout.segment_curves().items():
+            own.add_metric([segment], float(has))
+        yield own
         yield CounterMetricFamily("rankmeter_propensity_harvested_queries", "Queries harvested into the click "
                                   "models by this process (their clicks final): whether the harvest runs.",
                                   value=self.readout.harvested())

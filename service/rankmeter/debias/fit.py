@@ -52,6 +52,7 @@ other is lower by `SWITCH_MARGIN` (relative), for the same reason as the hystere
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import NamedTuple
 
@@ -59,6 +60,9 @@ import numpy as np
 
 from rankmeter.debias.clickmodels import MODELS, UBM_DISTANCES, FitLayout, slot
 from rankmeter.debias.propensity import Propensities
+
+log = logging.getLogger("rankmeter.store")
+MAX_TEXT = 100_000  # a stored field longer than this is unreadable (27 numbers: < 1 KB)
 
 REASONS = ("ok", "insufficient_support", "implausible_propensities", "poor_fit", "click_reactive_ranker",
            "unexamined_below_clicks")
@@ -191,14 +195,28 @@ def to_fields(look: Look) -> dict[str, str]:
 
 def _numbers(text: str | None, length: int, none: bool) -> list | None:
     try:
+        if text is not None and len(text) > MAX_TEXT:
+            raise ValueError(f"{len(text)} characters")
         values = json.loads(text) if text is not None else None
-    except ValueError:
+        if not isinstance(values, list) or len(values) != length:
+            return None
+        ok = all((v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and math.isfinite(v)) for v in values)
+    except (ValueError, RecursionError, OverflowError, TypeError) as e:
+        # (a stored text must never stop a look: a 400-digit number, a deep nesting)
+        _log_once(repr(e))
         return None
-    if not isinstance(values, list) or len(values) != length:
-        return None
-    ok = all((v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-             for v in values)
     return values if ok else None
+
+
+_logged = False
+
+
+def _log_once(why: str) -> None:
+    global _logged
+    if not _logged:
+        _logged = True
+        log.error("skipping an unreadable stored look", extra={"why": why[:200]})
 
 
 def from_fields(fields: dict[str, str] | None, ranks: int, ubm_slots: int) -> Look | None:

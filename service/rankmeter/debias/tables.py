@@ -29,6 +29,7 @@ from rankmeter.debias.clickmodels import (
 )
 from rankmeter.debias.fit import Look, initial, judge
 from rankmeter.debias.propensity import CLICKED, DEFAULT_MIN_SUPPORT, SHOWN, Harvester, PairSums, estimate
+from rankmeter.debias.segments import SegmentHarvest
 from rankmeter.engine.query import first_occurrences
 
 
@@ -72,7 +73,8 @@ def examination(relative: Sequence[float | None]) -> list[float]:
 
 class ModelTables:
     def __init__(self, ranks: int, capacity: int, max_weight: float = ipw.DEFAULT_MAX_WEIGHT,
-                 min_support: float = DEFAULT_MIN_SUPPORT) -> None:
+                 min_support: float = DEFAULT_MIN_SUPPORT, segment_capacity: int = 2000,
+                 segment_limit: int = 0) -> None:
         self.ranks, self.max_weight = ranks, max_weight
         self.layout = FitLayout(ranks)
         self.pbm = Harvester(ranks, capacity, min_support)
@@ -82,7 +84,11 @@ class ModelTables:
         self._slot_rank = slot_ranks(ranks)
         self.look = initial(ranks, slots(ranks))
         self._examine: tuple[list[float], list[float]] = ([1.0] * ranks, [1.0] * slots(ranks))
-        self._pbm_weights: dict[int, list[float]] = {}  # length -> pbm's weights, until the next look
+        # Per-segment pbm harvest and the curves of the segments that qualify (debias/segments.py).
+        self.segments = SegmentHarvest(ranks, segment_capacity, segment_limit)
+        self.curves: dict[str, list[float]] = {}
+        # (segment, length) -> pbm's weights ("": the global curve's), until the next look
+        self._pbm_weights: dict[tuple[str, int], list[float]] = {}
 
     def vector(self) -> np.ndarray:
         fit = self.fit.copy()
@@ -90,9 +96,12 @@ class ModelTables:
         fit[i], fit[i + 1] = self.probe.h, self.probe.hd
         return np.concatenate([self.pbm.sums.to_vector(), self.ubm.sums.to_vector(), fit])
 
-    def looked(self, look: Look) -> None:
-        """The parameters of a new look: what weighs and what predicts from now on."""
+    def looked(self, look: Look, curves: dict[str, list[float]] | None = None) -> None:
+        """The parameters of a new look: what weighs and what predicts from now on;
+        `curves`: the segments' own (None: those of the last look)."""
         self.look = look
+        if curves is not None:
+            self.curves = curves
         self._pbm_weights = {}
         pbm = examination(look.pbm.relative)
         # A ubm slot without an estimate takes pbm's examination of its rank.
@@ -100,9 +109,10 @@ class ModelTables:
         self._examine = (pbm, [min(max(g, 0.0), 1.0) for g in ubm])
 
     def observe(self, query_id: str, text: str, shown: Sequence[str], clicked: Collection[str],
-                grades: dict[str, float] | None) -> None:
+                grades: dict[str, float] | None, segment: str = "") -> None:
         """One harvested query whose clicks are final: into the probe, then scored (a
-        held-out one, once the models have estimates) or learned from."""
+        held-out one, once the models have estimates) or learned from (also into its
+        segment's pbm table)."""
         ranked = first_occurrences(shown)[:self.ranks]
         self.probe.observe(text, ranked, clicked)
         if held_out(query_id):
@@ -110,6 +120,7 @@ class ModelTables:
                 self.fit += self._score(text, ranked, clicked)
             return
         self.pbm.observe(text, ranked, clicked, grades)
+        self.segments.observe(segment, text, ranked, clicked)
         self.ubm.observe_placed(text, placements(ranked, clicked), clicked, grades)
 
     def _score(self, text: str, ranked: list[str], clicked: Collection[str]) -> np.ndarray:
@@ -123,13 +134,18 @@ class ModelTables:
             alphas[1].append(None if ubm is None else attractiveness(ubm[SHOWN], ubm[CLICKED], gamma))
         return score(self.layout, ranked, clicked, examine, alphas)
 
-    def weights(self, shown: Sequence[str], clicked: Collection[str], length: int) -> list[float]:
+    def weights(self, shown: Sequence[str], clicked: Collection[str], length: int,
+                segment: str = "") -> list[float]:
         """The clipped IPW weight of each rank 1..`length` of this list under the chosen
-        model: pbm's per rank; ubm's per rank given the clicks above (`placements`)."""
+        model: pbm's per rank (the segment's own curve where it qualifies, else the
+        global one); ubm's per rank given the clicks above (`placements`)."""
         if self.look.model == "pbm":  # the same for every list until the next look: computed once
-            found = self._pbm_weights.get(length)
+            curve = self.curves.get(segment) if segment else None
+            key = (segment if curve is not None else "", length)
+            found = self._pbm_weights.get(key)
             if found is None:
-                found = self._pbm_weights[length] = ipw.weights(self.look.pbm.relative, length, self.max_weight)
+                relative = self.look.pbm.relative if curve is None else curve
+                found = self._pbm_weights[key] = ipw.weights(relative, length, self.max_weight)
             return found
         gamma = self._examine[1]
         ranked = first_occurrences(shown)[:min(length, self.ranks)]

@@ -69,8 +69,8 @@ class Pipeline:
         self.ledger = Ledger(store, self.lock)
         # `bounds`: the source's log start and end per partition, to find offsets gone backwards.
         checks = OffsetChecks(self.ledger, settings.kafka.on_offsets_reset, bounds)
-        self.position_bias = PositionBias(settings, store, self.partitions)
         self.unreadable = Unreadable()  # stored fields skipped: counted, never raised
+        self.position_bias = PositionBias(settings, store, self.partitions, self.unreadable)
         self.labels = Labels(settings, store, clock)
         self.experiments = Experiments(settings, store, self.partitions, self.ab_layout, clock, self.labels,
                                        self.unreadable)
@@ -99,6 +99,7 @@ class Pipeline:
             ab_result=lambda: experiments.result, interleaving_result=lambda: experiments.interleaving,
             unreadable=self.unreadable.counts, click_fit=lambda: bias.look_result,
             ab_units_missing=lambda: experiments.units_missing, harvested=lambda: bias.harvested,
+            segment_curves=lambda: bias.segment_status,
             production_rankers=tuple(settings.alerts.production_rankers))
 
     # ---- assignment ----

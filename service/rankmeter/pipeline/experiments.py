@@ -18,6 +18,7 @@ from rankmeter.ab.experiment import Look, Preference, interleaving_look
 from rankmeter.ab.experiment import look as ab_look
 from rankmeter.ab.stats import INTERLEAVING_TAU2
 from rankmeter.config import Settings, duration_ms, time_ms
+from rankmeter.debias.segments import NAME as SEGMENT_PAIRS  # a segment's pair sums (debias/): not an arm
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.context import Touched
 from rankmeter.pipeline import final
@@ -103,7 +104,8 @@ def arm_vectors(stored: Mapping[int, Mapping[str, bytes]], experiment: str, size
     names: set[str] = set()
     for p, fields in stored.items():
         for field, data in fields.items():
-            if field in (PAIRS, PRE, PRE_USER) or field.startswith(INTERLEAVING) or unreadable(p, field, data):
+            if field in (PAIRS, PRE, PRE_USER) or field.startswith((INTERLEAVING, SEGMENT_PAIRS + "\x1f")) \
+                    or unreadable(p, field, data):
                 continue
             name, ranker, segment, *bucket = field.split("\x1f")
             if name.endswith(SUFFIX):

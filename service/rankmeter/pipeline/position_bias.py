@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rankmeter.config import Settings
-from rankmeter.debias import ipw
+from rankmeter.debias import ipw, segments
 from rankmeter.debias.clickmodels import slots
 from rankmeter.debias.fit import Look, from_fields, to_fields
 from rankmeter.debias.propensity import Harvester, Propensities
@@ -18,6 +18,7 @@ from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
 from rankmeter.store import PartitionCheckpoint, Store
+from rankmeter.unreadable import Unreadable
 
 # A cached ideal is weighed anew once its text's harvest has grown by this factor: an
 # ideal over a thin harvest overstates (the top of noisy estimates), and a replay or a
@@ -26,8 +27,10 @@ IDEAL_REFRESH_GROWTH = 1.25
 
 
 class PositionBias:
-    def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState]) -> None:
+    def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState],
+                 unreadable: Unreadable | None = None) -> None:
         self.settings = settings
+        self.unreadable = unreadable if unreadable is not None else Unreadable()
         self.store = store
         self.held = held
         self.measures = parse_all(settings.debias.measures)
@@ -37,11 +40,37 @@ class PositionBias:
         # together), and the last look: examination per rank (pbm) and per slot (ubm), the
         # model chosen, the fit test's reason; decided by partition 0's holder from every
         # partition's sums, read by all.
-        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
+        self.tables = self._tables()
         # (query text, depth) -> (pooled ideal DCG, the text's support when weighed)
         self._ideals: dict[tuple[str, int], tuple[float | None, float]] = {}
         self._looked = False
+        self._segment_kept: dict[str, tuple[float, list[float] | None]] = {}  # (segments.curves)
         self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
+
+    def _tables(self) -> ModelTables:
+        d = self.settings.debias
+        # One segment table per label the label cap admits, and `other` (none when off).
+        limit = self.settings.limits.max_segments + 1 if d.segment_curves else 0
+        return ModelTables(d.ranks, d.capacity, d.max_weight, segment_capacity=d.segment_capacity,
+                           segment_limit=limit)
+
+    @property
+    def per_segment(self) -> bool:
+        """Per-segment curves on (`debias.segment_curves`): else no segment table, field or curve."""
+        return self.settings.debias.segment_curves
+
+    @property
+    def segment_curves(self) -> dict[str, list[float]]:
+        """The segments with their own curve (debias/segments.py), from the last look."""
+        return self.tables.curves
+
+    @property
+    def segment_status(self) -> dict[str, bool]:
+        """Each segment harvested here or with a curve: whether its own curve weighs now (only
+        with pbm chosen and the debiased series not withdrawn: `ModelTables.weights`)."""
+        curves, look = self.tables.curves, self.tables.look
+        used = look.model == "pbm" and look.valid and look.chosen.relative[0] is not None
+        return {s: used and s in curves for s in sorted(set(self.tables.segments.tables) | set(curves))}
 
     @property
     def harvester(self) -> Harvester | None:
@@ -66,10 +95,9 @@ class PositionBias:
         """New tables, as after a store failure: the ones kept may hold a batch that was
         never stored (and will be replayed); the stored sums are what counts. The last
         look's parameters stay."""
-        d = self.settings.debias
-        look = self.tables.look
-        self.tables = ModelTables(d.ranks, d.capacity, d.max_weight)
-        self.tables.looked(look)
+        look, curves = self.tables.look, self.tables.curves
+        self.tables = self._tables()
+        self.tables.looked(look, curves)
         self._ideals = {}
 
     def forget_ideals(self) -> None:
@@ -86,9 +114,12 @@ class PositionBias:
         self.harvest(due)
         for p in due:
             ps = self.held.get(p)
-            if ps is not None and p in payloads and PAIRS in ps.dirty_ab:
-                payloads[p].ab[PAIRS] = ps.ab[PAIRS].tobytes()
-                ps.dirty_ab.discard(PAIRS)
+            if ps is None or p not in payloads:
+                continue
+            moved = [f for f in ps.dirty_ab if f == PAIRS or (self.per_segment and segments.segment_of(f))]
+            for f in moved:
+                payloads[p].ab[f] = ps.ab[f].tobytes()
+                ps.dirty_ab.discard(f)
 
     def harvest(self, due: Mapping[int, Mapping[str, QueryRecord]]) -> None:
         """Queries whose clicks are final (their implicit attribution is over) into the
@@ -98,19 +129,38 @@ class PositionBias:
         checkpoint was built (an expired one is no longer in the cache)."""
         if not self.measures:
             return
+        on = self.per_segment
         for p, records in due.items():
             ps = self.held.get(p)
             if ps is None or ps.pair_sums is None:
                 continue
-            before = self.tables.vector()
+            before, segments_before = self.tables.vector(), self.tables.segments.vectors() if on else {}
             for qid, record in records.items():
                 if record.impression is not None:
                     self.tables.observe(qid, record.impression.query_hash, record.impression.results,
-                                        set(record.clicked), record.implicit)
+                                        set(record.clicked), record.implicit, record.segment_label if on else "")
                     self.harvested += 1
             ps.pair_sums = ps.pair_sums + (self.tables.vector() - before)
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
+            if on:
+                self._segment_deltas(p, ps, segments_before)
+
+    def _segment_deltas(self, p: int, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
+        """What the partition's queries moved in each segment's sums, into its stored ones
+        (unreadable ones, `segments.unreadable`, counted and started afresh)."""
+        ranks = self.settings.debias.ranks
+        for segment, after in self.tables.segments.vectors().items():
+            moved = after - before[segment] if segment in before else after
+            if not moved.any():
+                continue
+            f = segments.field(segment)
+            stored = ps.ab.get(f)
+            if stored is not None and (why := segments.unreadable(stored, ranks)) is not None:
+                self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
+                stored = None
+            ps.ab[f] = (stored if stored is not None else np.zeros(2 * ranks ** 2)) + moved
+            ps.dirty_ab.add(f)
 
     def values(self, records: list[QueryRecord], values: np.ndarray, nums: np.ndarray,
                dens: np.ndarray) -> None:
@@ -133,7 +183,7 @@ class PositionBias:
         for i, r in enumerate(records):
             implicit, impression = r.implicit, r.impression
             # pbm: the same weights for every list; ubm: given the clicks above each rank.
-            weights = self.tables.weights(impression.results, r.clicked, depth)
+            weights = self.tables.weights(impression.results, r.clicked, depth, r.segment_label)
             ranked = list(dict.fromkeys(impression.results))[:depth]
             gains = [implicit.get(doc, 0.0) * w for doc, w in zip(ranked, weights)]
             for j, m in enumerate(self.measures):
@@ -201,12 +251,50 @@ class PositionBias:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
             found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
-            self.store.save_running(name, to_fields(found), self.held[0].epoch)
+            fields = to_fields(found)
+            curves: dict[str, list[float]] = {}
+            if d.segment_curves:
+                curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
+                fields[segments.KEY] = segments.to_field(curves, found.at)
+            self.store.save_running(name, fields, self.held[0].epoch)
         else:
-            kept = from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
+            stored = self.store.load_running(name)
+            kept = from_fields(stored, d.ranks, slots(d.ranks))
             if kept is None:
                 return
             found = kept
+            curves = segments.from_field(stored.get(segments.KEY), d.ranks, kept.at) if d.segment_curves else {}
         self._looked = True
         self._ideals = {}  # weighed anew, with the harvest since the last look
-        self.tables.looked(found)
+        self.tables.looked(found, curves)
+
+    def _segment_sums(self) -> dict[str, np.ndarray]:
+        """Each segment's pair sums over every partition. The segments read: those whose
+        sums a held partition holds (partition 0's holder holds partition 0, and a segment
+        with enough support has queries in every partition), this process's, and the last
+        look's."""
+        known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
+        known |= set(self.tables.segments.tables) | set(self.tables.curves)
+        return segment_sums(self.store, known, self.settings.debias.ranks, self.unreadable)
+
+
+def segment_sums(store: Store, known: set[str], ranks: int, unreadable: Unreadable) -> dict[str, np.ndarray]:
+    """The `known` segments' stored sums over every partition, the unreadable left out and
+    counted: a partition's (its holder rewrites it, `_segment_deltas`), or a total's (which
+    partition is wrong is not known)."""
+    fields = [segments.field(s) for s in sorted(known)]
+    out: dict[str, np.ndarray] = {}
+    for p, stored in (store.load_ab(store.partitions(), only=fields) if fields else {}).items():
+        for f, data in stored.items():
+            if (segment := segments.segment_of(f)) is None:
+                continue
+            vector = np.frombuffer(data[:len(data) - len(data) % 8])
+            if (why := segments.unreadable(vector, ranks)) is not None:
+                unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
+                continue
+            out[segment] = out.get(segment, 0) + vector
+    for segment in list(out):
+        if (why := segments.inconsistent(out[segment], ranks)) is not None:
+            unreadable.skip("experiment", "ab", segments.field(segment), why)
+            del out[segment]
+    return out

@@ -35,3 +35,4 @@ class Readout:
     click_fit: Callable[[], fit.Look] | None = None  # the click models' last look (debias/fit.py)
     ab_units_missing: Callable[[], int] = lambda: 0  # impressions of an experiment by user without a client_id
     harvested: Callable[[], int] = lambda: 0        # queries harvested into the click models by this process
+    segment_curves: Callable[[], Mapping[str, bool]] = dict  # segment harvested -> whether it has its own curve

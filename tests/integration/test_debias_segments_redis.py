@@ -1,0 +1,48 @@
+"""Per-segment examination curves on the real Redis (issue 22): the per-partition segment
+sums written by the checkpoint script, read back by HMGET after a restart and by a
+replica without partition 0, give the curves the process that harvested them had."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from rankmeter.debias import segments
+from rankmeter.pipeline import Pipeline
+from rankmeter.redis_store import RedisStore
+from test_debias_segments import SETTINGS, START_MS, Clock, pipeline_on, run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(redis_url):
+    s = RedisStore(redis_url, f"seg{uuid.uuid4().hex[:8]}")
+    yield s
+    for key in s.client.scan_iter(match=f"{s.prefix}:*"):
+        s.client.delete(key)
+    s.close()
+
+
+def test_segment_sums_stored_in_redis_give_the_same_curves_after_a_restart_and_on_a_replica(store, redis_url):
+    clock = Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 3000, 1, START_MS)
+    pipeline.look_at_position_bias(estimate_here=True)
+    bias = pipeline.position_bias
+    assert set(bias.segment_curves) == {"mobile", "desktop"}
+    fields = [segments.field(s) for s in ("mobile", "desktop")]
+    stored = store.load_ab(store.partitions(), only=fields)
+    for s, f in zip(("mobile", "desktop"), fields):
+        total = sum(np.frombuffer(p[f]) for p in stored.values())
+        np.testing.assert_allclose(total, bias.tables.segments.tables[s].sums.to_vector(), atol=1e-9)
+    later = Clock(START_MS + 3000 * 500 + 30 * 60_000)
+    again = Pipeline(SETTINGS, RedisStore(redis_url, store.prefix), lambda r, why: None, later)
+    again.assign(store.partitions())
+    again.look_at_position_bias(estimate_here=True)
+    assert again.position_bias.segment_curves == bias.segment_curves
+    replica = Pipeline(SETTINGS, RedisStore(redis_url, store.prefix), lambda r, why: None, later)
+    replica.look_at_position_bias(estimate_here=False)
+    assert replica.position_bias.segment_curves == bias.segment_curves
