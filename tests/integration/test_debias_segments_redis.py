@@ -4,8 +4,6 @@ replica without partition 0, give the curves the process that harvested them had
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 
@@ -13,17 +11,9 @@ from rankmeter.debias import segments
 from rankmeter.pipeline import Pipeline
 from rankmeter.redis_store import RedisStore
 from test_debias_segments import SETTINGS, START_MS, Clock, pipeline_on, run
+from test_redis_store import store  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def store(redis_url):
-    s = RedisStore(redis_url, f"seg{uuid.uuid4().hex[:8]}")
-    yield s
-    for key in s.client.scan_iter(match=f"{s.prefix}:*"):
-        s.client.delete(key)
-    s.close()
 
 
 def test_segment_sums_stored_in_redis_give_the_same_curves_after_a_restart_and_on_a_replica(store, redis_url):
