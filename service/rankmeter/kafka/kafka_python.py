@@ -147,6 +147,9 @@ class KafkaSource:
                 log.warning("no partition assignment for a while; rejoining the group",
                             extra={"waited_s": round(time.monotonic() - self._joining_since)})
                 self.rejoin()
+            elif self._joining_since is not None and self._join_result_dropped():
+                log.info("kafka-python dropped the result of a rebalance; joining again")
+                self.consumer._coordinator.request_rejoin()
             if self._unclaimed is not None:
                 # Partitions assigned during this poll: claimed now, off the IO thread, then
                 # resumed at the stored offsets. Whatever this poll read of them is dropped
@@ -170,6 +173,17 @@ class KafkaSource:
             if batch:
                 self._positions[(tp.topic, tp.partition)] = batch[-1].offset + 1
         return records
+
+    def _join_result_dropped(self) -> bool:
+        # kafka-python 3.0.12: a poll that times out during a JoinGroup/SyncGroup leaves the
+        # join to the next poll, which awaits it only while a rejoin is still "needed". A
+        # rebalance started by a metadata change (a topic deleted, created, or first seen at
+        # start) is needed only until the leader's assignment matches the new metadata, which
+        # the join itself does: the finished join is never collected, the listener never
+        # told, nothing fetched, until the watchdog above. Asking for a rejoin collects it.
+        coordinator = self.consumer._coordinator
+        task = getattr(coordinator, "_join_task", None)
+        return task is not None and task.is_done and not coordinator.need_rejoin()
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         if not offsets:
