@@ -86,9 +86,14 @@ return 0
 # Writes partition 0's holder's A/B state while ARGV[1] is partition 0's stored epoch.
 # KEYS: partition 0's meta, the target. ARGV: epoch, then HSET's field/values (SAVE) or
 # the line and how many to keep (APPEND). Returns 1, or 0 for a stale holder.
+# A running hash (KEYS[2]) written while ARGV[1] is partition 0's epoch (KEYS[1]); a key of
+# another type there holds nothing readable and is replaced. ARGV: epoch, then field, value...
 SAVE = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'hash' and t ~= 'none' then redis.call('DEL', KEYS[2]) end
+-- unpack() is bounded by Lua's C stack: chunks of 4000 arguments
+for s = 2, #ARGV, 4000 do redis.call('HSET', KEYS[2], unpack(ARGV, s, math.min(s + 3999, #ARGV))) end
 return 1
 """
 APPEND = """

@@ -224,8 +224,7 @@ class RedisStore:
                                                       only, without)))
 
     def load_running(self, experiment: str) -> dict[str, str]:
-        found = self.client.hgetall(f"{self.prefix}:ab:running:{experiment}")
-        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in found.items()}  # (unreadable, not a crash)
+        return text_hash(self.client, f"{self.prefix}:ab:running:{experiment}")
 
     def define_experiment(self, experiment: str, definition: str, replace: bool = False) -> str:
         key, pipe = f"{self.prefix}:ab:definition:{experiment}", self.client.pipeline(transaction=True)
@@ -255,7 +254,7 @@ class RedisStore:
                                    args=[epoch, *(x for pair in running.items() for x in pair)]))
         if epoch is not None and not self._holds_0(epoch):
             return False
-        self.client.hset(key, mapping=dict(running))
+        write_hash(self.client, key, running)
         return True
 
     def append_look(self, experiment: str, line: str, keep: int, epoch: int | None = None) -> bool:
@@ -285,6 +284,25 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def text_hash(client: redis.Redis | RedisCluster, key: str) -> dict[str, str]:
+    """A hash's fields and values as text: bytes not UTF-8 are unreadable text, a key of
+    another type (WRONGTYPE) is no fields (the next `write_hash` replaces it), not a crash."""
+    try:
+        found = client.hgetall(key)
+    except redis.ResponseError:
+        return {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in found.items()}
+
+
+def write_hash(client: redis.Redis | RedisCluster, key: str, fields: Mapping[str, str]) -> None:
+    """HSET, replacing a key of another type (it holds nothing readable), as SAVE does."""
+    try:
+        client.hset(key, mapping=dict(fields))
+    except redis.ResponseError:
+        client.delete(key)
+        client.hset(key, mapping=dict(fields))
 
 
 def eviction_policy(client: redis.Redis | RedisCluster) -> str | None:

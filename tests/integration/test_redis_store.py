@@ -215,3 +215,25 @@ def test_an_ab_field_name_not_utf8_is_no_crash(store):
     for kwargs in ({}, {"without": ("z",)}):
         got = store.load_ab([0], **kwargs)[0]
         assert got["e\x1fa\x1f"] == b"y" * 8 and len(got) <= 2
+
+
+@pytest.mark.parametrize("epoch", [True, False], ids=["fenced script", "plain write"])
+def test_a_running_key_of_another_type_is_no_fields_then_replaced_not_a_crash(store, epoch):
+    """A running hash's key holding a string (an operator's SET, another tool's prefix):
+    HGETALL and HSET answered WRONGTYPE, and every look of the experiment, and serve, stopped."""
+    owner = store.claim(0).epoch if epoch else None
+    key = f"{store.prefix}:ab:running:exp"
+    store.client.set(key, "not a hash")
+    assert store.load_running("exp") == {}
+    assert store.save_running("exp", {"P@10": "0.04"}, owner) is True
+    assert store.load_running("exp") == {"P@10": "0.04"}
+
+
+@pytest.mark.parametrize("epoch", [True, False], ids=["fenced script", "plain write"])
+def test_running_statistics_of_many_fields_are_saved_whole(store, epoch):
+    """SAVE passed every field to one HSET through Lua's unpack(), bounded by its C stack
+    (~8,000 values): a record of an experiment with many arms and measures failed."""
+    owner = store.claim(0).epoch if epoch else None
+    fields = {f"m{i}\x1farm": str(i) for i in range(6000)}
+    assert store.save_running("exp", fields, owner) is True
+    assert store.load_running("exp") == fields
