@@ -286,12 +286,21 @@ class RedisStore:
         self.client.close()
 
 
+def wrong_type(e: redis.ResponseError) -> bool:
+    """A key of another type than the command's. Only that: a full Redis (OOM), a cluster
+    slot failing over (CLUSTERDOWN) or another client's long script (BUSY) is an outage
+    to wait out (`RedisStore.unavailable`), never "nothing stored" (review s11 H1, H2)."""
+    return str(e).startswith("WRONGTYPE")
+
+
 def text_hash(client: redis.Redis | RedisCluster, key: str) -> dict[str, str]:
     """A hash's fields and values as text: bytes not UTF-8 are unreadable text, a key of
-    another type (WRONGTYPE) is no fields (the next `write_hash` replaces it), not a crash."""
+    another type is no fields (the next `write_hash` replaces it), not a crash."""
     try:
         found = client.hgetall(key)
-    except redis.ResponseError:
+    except redis.ResponseError as e:
+        if not wrong_type(e):
+            raise
         return {}
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in found.items()}
 
@@ -300,7 +309,9 @@ def write_hash(client: redis.Redis | RedisCluster, key: str, fields: Mapping[str
     """HSET, replacing a key of another type (it holds nothing readable), as SAVE does."""
     try:
         client.hset(key, mapping=dict(fields))
-    except redis.ResponseError:
+    except redis.ResponseError as e:
+        if not wrong_type(e):
+            raise
         client.delete(key)
         client.hset(key, mapping=dict(fields))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import redis
 
 from rankmeter.redis_store import RedisStore
 from rankmeter.store import FENCED, LOST, REWOUND, MemoryStore, PartitionCheckpoint
@@ -237,3 +238,26 @@ def test_running_statistics_of_many_fields_are_saved_whole(store, epoch):
     fields = {f"m{i}\x1farm": str(i) for i in range(6000)}
     assert store.save_running("exp", fields, owner) is True
     assert store.load_running("exp") == fields
+
+
+@pytest.mark.parametrize("error", [redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'."),
+                                   redis.exceptions.ClusterDownError("The cluster is down"),
+                                   redis.ResponseError("BUSY Redis is busy running a script.")],
+                         ids=["full", "cluster down", "busy"])
+def test_an_outage_on_a_running_key_is_raised_not_read_as_no_fields_nor_replaced(store, monkeypatch, error):
+    """Review s11 H1, H2: every ResponseError was taken for WRONGTYPE. A full Redis refusing the
+    plain path's HSET had the hash deleted (DEL is allowed at maxmemory: every running statistic
+    gone, saved True); a slot failing over read as no fields (every marked record "lost")."""
+    key = f"{store.prefix}:ab:running:exp"
+    store.client.hset(key, "P@10\x1fb", "1 2 3")
+
+    def refused(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(store.client, "hgetall", refused)
+    monkeypatch.setattr(store.client, "hset", refused)
+    with pytest.raises(redis.ResponseError):
+        store.load_running("exp")
+    with pytest.raises(redis.ResponseError):
+        store.save_running("exp", {"P@10\x1fb": "4 5 6"})
+    monkeypatch.undo()
+    assert store.load_running("exp") == {"P@10\x1fb": "1 2 3"}
