@@ -210,3 +210,17 @@ def test_a_hostile_stored_look_is_unreadable_not_a_crash(bad):
     look = to_fields(initial(K, slots(K)))
     assert from_fields({**look, "relative": bad}, K, slots(K)) is None
     assert from_fields({**look, "support": bad}, K, slots(K)) is None
+
+
+@pytest.mark.parametrize("bad", ['{"pbm": ' + "9" * 400 + "}", "[" * 100_000, '{"pbm": NaN, "ubm": true}', "[1.5]",
+                                 '{"pbm": 1.5' + " " * 200_000 + "}"])
+def test_a_hostile_stored_perplexity_is_none_not_a_crash_of_the_look_or_the_scrape(bad):
+    """Review s11 M2: the same look's perplexity field was read unguarded: a deep nesting raised
+    out of every replica's look, a 400-digit integer out of every scrape (math.isfinite)."""
+    from rankmeter.exporter import click_fit_metrics
+    stored = {**to_fields(fed(lambda a, rng: pbm(a, rng), queries=1200, looks=2).look), "perplexity": bad}
+    look = from_fields(stored, K, slots(K))
+    assert look is not None and look.perplexity == {"pbm": None, "ubm": None}
+    assert [m.name for m in click_fit_metrics(look)][:2] == ["rankmeter_debias_valid", "rankmeter_click_model_perplexity"]
+    good = from_fields({**stored, "perplexity": '{"pbm": 1.25, "ubm": 1.5}'}, K, slots(K))
+    assert good is not None and good.perplexity == {"pbm": 1.25, "ubm": 1.5}

@@ -235,13 +235,28 @@ def from_fields(fields: dict[str, str] | None, ranks: int, ubm_slots: int) -> Lo
     reason = fields.get("reason", "ok")
     if model not in MODELS or reason not in REASONS or (model == "ubm" and ubm_relative is None):
         model, reason = "pbm", "ok" if "reason" not in fields else "insufficient_support"
+    return Look(Propensities(relative, support, 0), ubm, model, reason, _perplexity(fields.get("perplexity")),
+                {}, _epoch_seconds(fields.get("at")))
+
+
+def _perplexity(text: str | None) -> dict[str, float | None]:
+    """A stored look's perplexities: finite numbers only, else None (review s11 M2: a deep
+    nesting raised out of every look, a 400-digit integer out of every scrape)."""
+    found: dict[str, float | None] = {m: None for m in MODELS}
+    if text is None or len(text) > MAX_TEXT:
+        return found
     try:
-        perplexity = {m: v if isinstance(v, (int, float)) else None
-                      for m, v in json.loads(fields.get("perplexity", "{}")).items() if m in MODELS}
-    except (ValueError, AttributeError):
-        perplexity = {}
-    return Look(Propensities(relative, support, 0), ubm, model, reason,
-                {m: perplexity.get(m) for m in MODELS}, {}, _epoch_seconds(fields.get("at")))
+        stored = json.loads(text)
+    except (ValueError, RecursionError):
+        return found
+    for m, v in (stored.items() if isinstance(stored, dict) else ()):
+        if m in MODELS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                value = float(v)
+            except OverflowError:
+                continue
+            found[m] = value if math.isfinite(value) else None
+    return found
 
 
 def _epoch_seconds(text: str | None) -> float:
