@@ -31,6 +31,9 @@ log = logging.getLogger("rankmeter.kafka")
 # A rebalance that has given no assignment for the session timeout (a dead member of the
 # group must expire first) plus this is started again.
 JOIN_WATCHDOG_MARGIN_S = 15.0
+# While a rebalance is under way, polls back to back in slices of this, for up to this long.
+JOIN_SLICE_MS = 100
+JOIN_POLL_S = 1.0
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -89,6 +92,11 @@ class KafkaSource:
         self.consumer.subscribe(self._subscription[0], listener=self._subscription[1])
 
     def assigned(self) -> list[int]:
+        # kafka-python's assignment() keeps the revoked partitions until the next join
+        # completes: between a revoke and an assignment this member holds nothing (a claim
+        # of them then could fence the member that owns them now; review s11 M6).
+        if self._joining_since is not None:
+            return []
         return sorted({tp.partition for tp in self.consumer.assignment()})
 
     def seek(self, offsets: dict[tuple[str, int], int]) -> None:
@@ -139,7 +147,7 @@ class KafkaSource:
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         try:
-            batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+            batches = self._poll(timeout_ms, max_records)
             if self._joining_since is not None and time.monotonic() - self._joining_since > self._join_watchdog_s:
                 # kafka-python 3.0 can stay in a rebalance that never completes (seen after a
                 # broker restart, and when a member that left was already expelled): leaving
@@ -147,9 +155,8 @@ class KafkaSource:
                 log.warning("no partition assignment for a while; rejoining the group",
                             extra={"waited_s": round(time.monotonic() - self._joining_since)})
                 self.rejoin()
-            elif self._joining_since is not None and self._join_result_dropped():
-                log.info("kafka-python dropped the result of a rebalance; joining again")
-                self.consumer._coordinator.request_rejoin()
+            elif self._joining_since is not None:
+                self._keep_join()
             if self._unclaimed is not None:
                 # Partitions assigned during this poll: claimed now, off the IO thread, then
                 # resumed at the stored offsets. Whatever this poll read of them is dropped
@@ -174,16 +181,35 @@ class KafkaSource:
                 self._positions[(tp.topic, tp.partition)] = batch[-1].offset + 1
         return records
 
-    def _join_result_dropped(self) -> bool:
+    def _poll(self, timeout_ms: int, max_records: int) -> dict:
+        if self._joining_since is None:
+            return self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        # Joining: kafka-python 3.0.12 collects a JoinGroup/SyncGroup only while a poll
+        # waits for it, and throws away one that finished between two polls (a new join, or
+        # none at all: `_keep_join`). Polled back to back until the assignment,
+        # up to JOIN_POLL_S: nothing is held meanwhile, so the loop has nothing else to do.
+        deadline = time.monotonic() + max(timeout_ms / 1000, JOIN_POLL_S)
+        while True:
+            batches = self.consumer.poll(timeout_ms=JOIN_SLICE_MS, max_records=max_records)
+            if batches or self._joining_since is None or time.monotonic() >= deadline:
+                return batches
+
+    def _keep_join(self) -> None:
         # kafka-python 3.0.12: a poll that times out during a JoinGroup/SyncGroup leaves the
         # join to the next poll, which awaits it only while a rejoin is still "needed". A
         # rebalance started by a metadata change (a topic deleted, created, or first seen at
         # start) is needed only until the leader's assignment matches the new metadata, which
-        # the join itself does: the finished join is never collected, the listener never
-        # told, nothing fetched, until the watchdog above. Asking for a rejoin collects it.
+        # the join itself does: the join is never collected, the listener never told, nothing
+        # fetched, until the watchdog above. Marking the rejoin needed while the join is in
+        # flight makes the next poll await it; once it has finished uncollected, the mark
+        # starts another join (the group rebalances once more; `_poll` makes this rare).
         coordinator = self.consumer._coordinator
         task = getattr(coordinator, "_join_task", None)
-        return task is not None and task.is_done and not coordinator.need_rejoin()
+        if task is None or coordinator.need_rejoin():
+            return
+        if task.is_done:
+            log.info("kafka-python dropped the result of a rebalance; joining again")
+        coordinator.request_rejoin()
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         if not offsets:
