@@ -4,8 +4,10 @@ the simulator's users are position-based, as a function of the calibration's noi
 `z` (fit.CALIBRATION_Z) and of the traffic.
 
     PYTHONPATH=service .venv/bin/python bench/fit_noise.py --mode serve [--seeds 200]
-        [--rate 400] [--duration 15] [--z 0,1,2,2.5,3]
+        [--traffic-seed 7] [--rate 400] [--duration 15] [--z 0,1,2,2.5,3] [--min-expected 30]
     PYTHONPATH=service .venv/bin/python bench/fit_noise.py --mode bench [--queries 6000]
+
+Figures and commands: docs/debiasing.md, "The fit test".
 
 Every look is judged as the service judges it, and a withdrawal at any look counts.
 
@@ -19,9 +21,9 @@ Every look is judged as the service judges it, and a withdrawal at any look coun
 - `bench`: bench/debias_agreement.py's harvest (`ModelTables`, every query with all its
   clicks, a look every 500 queries), `--queries` of them.
 
-For each z, one chain of decisions (`fit.judge` with that z, its own previous look) at
-every look of the same run: the sums and the model chosen do not depend on the decisions.
-Prints, per z, the seeds withdrawn as `poor_fit` at some look and the seeds withdrawn for
+For each rule (z, and `fit.MIN_EXPECTED`: `--min-expected`), one chain of decisions
+(`fit.judge` with it, its own previous look) at every look of the same run: the sums and
+the model chosen do not depend on the decisions. Prints, per rule, the seeds withdrawn as `poor_fit` at some look and the seeds withdrawn for
 any reason after a first `ok`, with Wilson 95% intervals; and the smallest calibration
 margin (in SDs, (ratio − bound)·√expected) over the looks, its quantiles over seeds.
 """
