@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rankmeter.debias.clickmodels import FitLayout, ReactionProbe, placements, slot, slots
-from rankmeter.debias.fit import CALIBRATION, Look, from_fields, initial, judge, to_fields
+from rankmeter.debias.fit import (CALIBRATION, CALIBRATION_Z, MIN_EXPECTED, Look, from_fields, initial, judge,
+                                  miscalibrated, to_fields)
 from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables, decide, split, upgrade, vector_size
 from rankmeter.simulator.clicks import cascade, pbm
@@ -110,12 +111,12 @@ def test_the_probe_compares_the_same_document_at_the_same_earlier_rank():
     assert probe.h > 0 and probe.hd / probe.h == pytest.approx(2.0)  # rank 1 vs rank 3
 
 
-def fit_with_calibration(ratio: float) -> np.ndarray:
+def fit_with_calibration(ratio: float, expected: float = 100.0) -> np.ndarray:
     layout = FitLayout(K)
     fit = np.zeros(layout.size)
     for cls in (0, 1):
         i = layout.calibration(0, cls)
-        fit[i], fit[i + 1] = 100.0 * (ratio if cls else 1.0), 100.0
+        fit[i], fit[i + 1] = expected * (ratio if cls else 1.0), expected
     return fit
 
 
@@ -126,10 +127,30 @@ def test_withdraw_and_restore_on_separate_thresholds():
     look: Look | None = None
     seen = []
     (withdraw_low, _), (restore_low, _) = CALIBRATION
-    for ratio in (1.0, withdraw_low + 0.02, withdraw_low - 0.02, restore_low - 0.05, restore_low + 0.02):
+    noise = CALIBRATION_Z / np.sqrt(100.0)  # the margin at fit_with_calibration's 100 expected clicks
+    for ratio in (1.0, withdraw_low - noise + 0.02, withdraw_low - noise - 0.02, restore_low - noise - 0.02,
+                  restore_low - noise + 0.02):
         look = judge(p, ubm, fit_with_calibration(ratio), layout, look)
         seen.append(look.reason)
     assert seen == ["ok", "ok", "poor_fit", "poor_fit", "ok"]
+
+
+def test_the_calibration_is_judged_on_its_noise():
+    """The bounds widen by CALIBRATION_Z SDs of the ratio's noise (1/√expected): at 30
+    expected clicks 0.6 − 3·0.18 = 0.05, at 10,000 0.57; restoring keeps its stricter bound."""
+    margin = CALIBRATION_Z / np.sqrt(MIN_EXPECTED)
+    assert CALIBRATION_Z == 3.0 and margin == pytest.approx(0.548, abs=0.001)
+    for t, (low, high) in enumerate(CALIBRATION):
+        assert not miscalibrated(low - margin + 0.01, MIN_EXPECTED, t)
+        assert miscalibrated(low - margin - 0.01, MIN_EXPECTED, t)
+        assert not miscalibrated(high + margin - 0.01, MIN_EXPECTED, t)
+        assert miscalibrated(high + margin + 0.01, MIN_EXPECTED, t)
+        assert miscalibrated(low - 0.04, 10_000.0, t) and not miscalibrated(low - 0.02, 10_000.0, t)
+    assert not miscalibrated(None, 0.0, 0)
+    # Hysteresis: between the withdraw and the restore bound, a valid series stays, a
+    # withdrawn one stays withdrawn.
+    between = CALIBRATION[1][0] - margin - 0.05
+    assert not miscalibrated(between, MIN_EXPECTED, 0) and miscalibrated(between, MIN_EXPECTED, 1)
 
 
 def test_implausible_propensities_withdraw():
@@ -195,7 +216,7 @@ def test_each_check_withdraws_on_its_own():
     rises = Propensities([1.0, 0.5, 0.85, 0.4, 0.3, 0.3, 0.25, 0.2, 0.2, 0.2], [1000.0] * K, 1)
     assert judge(rises, ubm, fit_with_calibration(1.0), layout, None).reason == "implausible_propensities"
     # Too many clicks below a click for the model: the calibration's upper bound.
-    assert judge(ok, ubm, fit_with_calibration(2.0), layout, None).reason == "poor_fit"
+    assert judge(ok, ubm, fit_with_calibration(2.0, 1000.0), layout, None).reason == "poor_fit"
     # A stored sum that is not a number.
     nan = Propensities([1.0, float("nan")] + [0.2] * 8, [1000.0] * K, 1)
     assert judge(nan, ubm, fit_with_calibration(1.0), layout, None).reason == "implausible_propensities"

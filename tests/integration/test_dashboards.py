@@ -78,6 +78,12 @@ def prometheus_for(tmp_path):
         process.wait(timeout=30)
 
 
+def _scalar(base: str, query: str) -> float:
+    """The query's one value now (−inf when it has none yet)."""
+    result = api(base, "/api/v1/query", query=query)["data"]["result"]
+    return float(result[0]["value"][1]) if result else float("-inf")
+
+
 def _ready(base: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
@@ -100,7 +106,12 @@ def test_every_panel_query_parses_and_returns_data(kafka_bootstrap, redis_url, p
         sent = json.loads(simulate.stdout.strip().splitlines()[-1])
         assert sent["events"] > 3000
         serve.wait_for_events(sent["events"])
-        time.sleep(3)  # a few more scrapes after the last event
+        consumed = time.time()
+        # Prometheus has scraped every event, and twice more since (the panels' rates need
+        # samples after the last event).
+        wait_until(lambda: _scalar(prometheus, 'sum(rankmeter_events_total{job="rankmeter"})') >= sent["events"]
+                   and _scalar(prometheus, 'timestamp(up{job="rankmeter"})') >= consumed + 2, 30,
+                   "Prometheus to scrape every event")
         # The service looks at the experiment every 5 s; wait until Prometheus has scraped every
         # A/B series the dashboard draws (the SRM p-value last: it needs both arms' counts).
         for name in ("rankmeter_ab_p_value", "rankmeter_ab_ci_upper", "rankmeter_ab_queries",

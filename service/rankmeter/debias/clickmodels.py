@@ -125,6 +125,10 @@ class FitLayout:
         i = self.calibration(model, cls)
         return float(fit[i] / fit[i + 1]) if fit[i + 1] >= min_expected else None
 
+    def expected(self, fit: np.ndarray, model: int, cls: int) -> float:
+        """The clicks model `model` expects in calibration class `cls`."""
+        return float(fit[self.calibration(model, cls) + 1])
+
     def reaction_contrast(self, fit: np.ndarray, min_weight: float) -> float | None:
         i = self.reaction()
         return float(fit[i + 1] / fit[i]) if fit[i] >= min_weight else None
