@@ -138,7 +138,7 @@ def overview() -> dict:
                               "it. The debiased series are exported only while the fit test holds; \"debiased "
                               "valid\" names the reason they are exported (ok) or withdrawn "
                               "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker, "
-                              "unexamined_below_clicks: "
+                              "unexamined_below_clicks, dependent_clicks: "
                               "docs/debiasing.md)."),
             panel("Examination by rank (estimated)",
                   [("max by (rank) (rankmeter_propensity)", "rank {{rank}}")], 12, 38, kind="bargauge",

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from rankmeter.debias.clickmodels import FitLayout, ReactionProbe, placements, slot, slots
-from rankmeter.debias.fit import (CALIBRATION, CALIBRATION_Z, MIN_EXPECTED, Look, from_fields, initial, judge,
-                                  miscalibrated, to_fields)
+from rankmeter.debias.fit import (CALIBRATION, CALIBRATION_Z, DEPENDENT_CLICKS, MIN_EXPECTED, Look, below_clicks,
+                                  from_fields, initial, judge, miscalibrated, to_fields)
 from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables, decide, split, upgrade, vector_size
-from rankmeter.simulator.clicks import cascade, pbm
+from rankmeter.simulator.clicks import cascade, dcm, pbm
 
 K = 10
 
@@ -78,6 +78,19 @@ def test_ubm_recovers_cascade_examination_and_the_fit_test_fails_pbm_there():
     pbm_only = decide(tables.vector(), K, 100, None)._replace(ubm=initial(K, slots(K)).ubm)
     again = judge(pbm_only.pbm, pbm_only.ubm, fit, layout, None)
     assert again.model == "pbm" and again.reason == "poor_fit", again.checks
+
+
+def test_dependent_click_users_withdraw_the_series_and_position_based_ones_do_not():
+    """Dependent-click users: ubm fits them better, but one value per slot below a click
+    misweighs the lists (bench: worse than raw clicks): withdrawn, `dependent_clicks`."""
+    tables = fed(dcm)
+    look = tables.look
+    assert look.model == "ubm" and look.reason == "dependent_clicks", (look.reason, look.checks)
+    below, pairs = below_clicks(look.ubm, K)
+    assert below + 2 / np.sqrt(pairs) < DEPENDENT_CLICKS[0] and below > 0.15
+    # Position-based users examine below a click as at the same rank with none above.
+    base = fed(lambda a, rng: pbm(a, rng)).look
+    assert below_clicks(base.ubm, K)[0] > DEPENDENT_CLICKS[1] + 0.1 and base.valid, base.checks
 
 
 def test_position_based_users_pass_the_fit_test_with_either_model():

@@ -275,7 +275,7 @@ def click_fit_metrics(look: Look) -> Iterator[Metric]:
     valid = GaugeMetricFamily(
         "rankmeter_debias_valid", "1 for the reason the debiased series are exported (ok) or withdrawn "
         "(insufficient_support, implausible_propensities, poor_fit, click_reactive_ranker, "
-        "unexamined_below_clicks), 0 for the others.",
+        "unexamined_below_clicks, dependent_clicks), 0 for the others.",
         labels=["reason"])
     for reason in REASONS:
         valid.add_metric([reason], float(reason == look.reason))
