@@ -258,3 +258,14 @@ def test_a_hostile_stored_perplexity_is_none_not_a_crash_of_the_look_or_the_scra
     assert [m.name for m in click_fit_metrics(look)][:2] == ["rankmeter_debias_valid", "rankmeter_click_model_perplexity"]
     good = from_fields({**stored, "perplexity": '{"pbm": 1.25, "ubm": 1.5}'}, K, slots(K))
     assert good is not None and good.perplexity == {"pbm": 1.25, "ubm": 1.5}
+
+
+def test_a_hostile_stored_look_is_logged_once_however_often_it_is_read(caplog, monkeypatch):
+    from rankmeter import logs
+    monkeypatch.setattr(logs, "_said", set())
+    look = {**to_fields(initial(K, slots(K))), "relative": "[" * 200_000}
+    with caplog.at_level("ERROR"):
+        for _ in range(3):
+            assert from_fields(look, K, slots(K)) is None
+    said = [r for r in caplog.records if r.getMessage() == "skipping an unreadable stored look"]
+    assert len(said) == 1 and "RecursionError" in said[0].why

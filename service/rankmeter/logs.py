@@ -12,6 +12,17 @@ from rankmeter.redaction import redact
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+_said: set[tuple[str, str]] = set()
+
+
+def error_once(logger: logging.Logger, msg: str, **extra: object) -> None:
+    """Logs `msg` at the first call only, per logger and message: a stored value that is
+    unreadable is met at every look, and one line says it (the counters count the rest)."""
+    if (logger.name, msg) not in _said:
+        _said.add((logger.name, msg))
+        logger.error(msg, extra=extra)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {

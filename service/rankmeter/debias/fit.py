@@ -78,6 +78,7 @@ import numpy as np
 
 from rankmeter.debias.clickmodels import MODELS, UBM_DISTANCES, FitLayout, slot
 from rankmeter.debias.propensity import Propensities
+from rankmeter.logs import error_once
 
 log = logging.getLogger("rankmeter.store")
 MAX_TEXT = 100_000  # a stored field longer than this is unreadable (27 numbers: < 1 KB)
@@ -242,19 +243,9 @@ def _numbers(text: str | None, length: int, none: bool) -> list | None:
                                           and math.isfinite(v)) for v in values)
     except (ValueError, RecursionError, OverflowError, TypeError) as e:
         # (a stored text must never stop a look: a 400-digit number, a deep nesting)
-        _log_once(repr(e))
+        error_once(log, "skipping an unreadable stored look", why=repr(e)[:200])
         return None
     return values if ok else None
-
-
-_logged = False
-
-
-def _log_once(why: str) -> None:
-    global _logged
-    if not _logged:
-        _logged = True
-        log.error("skipping an unreadable stored look", extra={"why": why[:200]})
 
 
 def from_fields(fields: dict[str, str] | None, ranks: int, ubm_slots: int) -> Look | None:

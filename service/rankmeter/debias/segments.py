@@ -27,6 +27,7 @@ import numpy as np
 
 from rankmeter.debias.fit import MAX_RATIO, _excess
 from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate
+from rankmeter.logs import error_once
 
 log = logging.getLogger("rankmeter.store")
 
@@ -144,7 +145,7 @@ def from_field(text: str | None, ranks: int, at: float) -> dict[str, list[float]
         return _curves(text, ranks, at)
     except (ValueError, RecursionError, OverflowError, TypeError) as e:
         # (a stored text must never stop a look: a 400-digit number, a deep nesting)
-        _log_once(repr(e))
+        error_once(log, "skipping the unreadable stored segment curves", why=repr(e)[:200])
         return {}
 
 
@@ -159,15 +160,6 @@ def _curves(text: str | None, ranks: int, at: float) -> dict[str, list[float]]:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                     for v in c)}
 
-
-_logged = False
-
-
-def _log_once(why: str) -> None:
-    global _logged
-    if not _logged:
-        _logged = True
-        log.error("skipping the unreadable stored segment curves", extra={"why": why[:200]})
 
 __all__ = ["KEY", "NAME", "SegmentHarvest", "curves", "field", "from_field", "qualifies", "segment_of",
            "inconsistent", "to_field", "unreadable"]
