@@ -16,7 +16,7 @@ from rankmeter.debias import ipw, segments
 from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables, decide
 from rankmeter.exporter import Exporter, Health
-from rankmeter.pipeline import Pipeline
+from rankmeter.pipeline import PAIRS, Pipeline
 from rankmeter.pipeline.experiments import ab_problem
 from rankmeter.simulator.clicks import EXAMINATION, pbm
 from rankmeter.source import Bus
@@ -353,3 +353,52 @@ def test_a_segments_debiased_ndcg_weighs_by_its_own_curve_and_another_by_the_glo
     pipeline.process(bus.poll(0, 100))
     value = {v.segment: v.sums[IPW + "nDCG@10"].macro() for v in pipeline.views() if v.window == "1h"}
     assert value["mobile"] == pytest.approx(1.0) and value["desktop"] == pytest.approx(2.0)
+
+
+def test_a_negative_stored_pair_count_is_unreadable_dropped_and_rewritten():
+    """Review s11: a pair count only grows (an eviction leaves the sums), so a partition's
+    stored segment sums with a pair cell of -1e14 are corrupt; accepted, the holder kept
+    adding to them and the segment's total was "negative" at every look, its curve off."""
+    f, store, clock = segments.field("mobile"), MemoryStore(), Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 1500, 1, START_MS)
+    hostile = np.frombuffer(store.ab[1][f]).copy()
+    hostile[K * K + 1] = -1e14
+    store.ab[1][f] = hostile.tobytes()
+    pipeline.revoke([0, 1])
+    pipeline.assign([0, 1])
+    before = pipeline.unreadable.counts["experiment"]
+    pipeline.look_at_position_bias(estimate_here=True)
+    assert pipeline.unreadable.counts["experiment"] > before
+    run(pipeline, bus, clock, 1500, 2, clock.ms + 1000)
+    stored = np.frombuffer(store.ab[1][f])
+    assert segments.unreadable(stored, K) is None and stored[K * K:].min() >= 0 and stored[K * K:].sum() > 0
+
+
+@pytest.mark.parametrize("corrupt", ["nan", "inf", "1e300", "negative pairs"])
+def test_corrupt_stored_global_pair_sums_are_unreadable_dropped_and_rewritten(corrupt):
+    """Review s11: a partition's stored global sums (`PAIRS`) were taken on their length
+    alone: one NaN cell made every look `implausible_propensities` for good (the holder
+    added its deltas to it). Counted at the claim and at the look, left out, stored anew."""
+    store, clock = MemoryStore(), Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 1500, 1, START_MS)
+    pipeline.look_at_position_bias(estimate_here=True)
+    assert pipeline.position_bias.look_result.reason == "ok"
+    hostile = np.frombuffer(store.ab[1][PAIRS]).copy()
+    hostile[K * K + 1] = {"nan": np.nan, "inf": np.inf, "1e300": 1e300, "negative pairs": -1e14}[corrupt]
+    store.ab[1][PAIRS] = hostile.tobytes()
+    before = pipeline.unreadable.counts["experiment"]
+    pipeline.look_at_position_bias(estimate_here=True)  # read at the look: left out
+    assert pipeline.unreadable.counts["experiment"] == before + 1
+    assert pipeline.position_bias.look_result.reason == "ok"
+    pipeline.revoke([0, 1])
+    pipeline.assign([0, 1])  # claimed: counted, started afresh
+    assert pipeline.unreadable.counts["experiment"] == before + 2
+    run(pipeline, bus, clock, 1500, 2, clock.ms + 1000)
+    stored = np.frombuffer(store.ab[1][PAIRS])
+    assert np.isfinite(stored).all() and np.abs(stored).max() < 1e15 and stored[K * K:2 * K * K].min() >= 0
+    assert stored[K * K:2 * K * K].sum() > 0
+    pipeline.look_at_position_bias(estimate_here=True)
+    assert pipeline.position_bias.look_result.reason == "ok"
+    assert pipeline.unreadable.counts["experiment"] == before + 2

@@ -194,7 +194,7 @@ def test_unreadable_stored_fields_are_counted_logged_once_and_skipped_by_claim_l
     assert {(v.ranker, v.window): v.sums for v in restarted.views()} == before
     assert restarted.unreadable.counts == {"bucket": 4, "experiment": 1, "interleaving": 3,
                                            "layout": 2, "history": 0, "offsets": 0, "watermark": 0, "epoch": 0,
-                                           "list": 0}
+                                           "list": 0, "key": 0, "query": 0}
     restarted.ab_look()
     restarted.ab_look()  # the look reads every partition's stored sums: skipped each time ...
     assert restarted.unreadable.counts["interleaving"] == 3 * 3 and restarted.unreadable.counts["experiment"] == 3

@@ -20,10 +20,17 @@ return 0
 # Returns 1 when written, 0 when another owner holds a newer epoch, -1 when the state is gone,
 # -2 when the stored mark is not the owner's last (Redis lost the last checkpoints).
 COMMIT = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
+local epoch = redis.pcall('HGET', KEYS[1], 'epoch')
+if type(epoch) == 'table' then return 0 end  -- the meta of another type: no epoch is ours (claimed anew)
 if not epoch then return -1 end
 if epoch ~= ARGV[1] then return 0 end
 if (redis.call('HGET', KEYS[1], 'mark') or '') ~= ARGV[3] then return -2 end
+-- A key of another type holds nothing readable (the claim read it as empty): replaced before
+-- any write, so the script never fails midway (a script is not rolled back).
+for k, want in pairs({[2] = 'hash', [3] = 'zset', [4] = 'hash', [5] = 'hash', [6] = 'hash'}) do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= want and t ~= 'none' then redis.call('DEL', KEYS[k]) end
+end
 local i = 4
 local function section(width, apply)
   local n = tonumber(ARGV[i]) * width
@@ -71,10 +78,17 @@ if epoch then redis.call('HSET', KEYS[1], 'epoch', epoch) end
 return 1
 """
 
-# Replaces a stored epoch HINCRBY cannot increment (not an integer, or near overflow) by
+# Replaces a stored epoch HINCRBY cannot increment (not an integer, near overflow, or the
+# meta of another type, then replaced by a hash of the epoch alone) by
 # ARGV[1] (a time in ms: no owner holds it), atomically: of two replicas repairing at once,
 # the second sees the first's integer and leaves it, so their claims get distinct epochs.
 REPAIR_EPOCH = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'hash' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
+  return 1
+end
 local e = redis.call('HGET', KEYS[1], 'epoch')
 if e and (not string.match(e, '^[1-9]%d*$') or #e > 15) and e ~= '0' then
   redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
@@ -89,15 +103,18 @@ return 0
 # A running hash (KEYS[2]) written while ARGV[1] is partition 0's epoch (KEYS[1]); a key of
 # another type there holds nothing readable and is replaced. ARGV: epoch, then field, value...
 SAVE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+if redis.pcall('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end  -- (an error table: not ours)
 local t = redis.call('TYPE', KEYS[2])['ok']
 if t ~= 'hash' and t ~= 'none' then redis.call('DEL', KEYS[2]) end
 -- unpack() is bounded by Lua's C stack: chunks of 4000 arguments
 for s = 2, #ARGV, 4000 do redis.call('HSET', KEYS[2], unpack(ARGV, s, math.min(s + 3999, #ARGV))) end
 return 1
 """
+# A looks list (KEYS[2]) appended to and trimmed, the same way; a key of another type replaced.
 APPEND = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+if redis.pcall('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end  -- (an error table: not ours)
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'list' and t ~= 'none' then redis.call('DEL', KEYS[2]) end
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
 return 1

@@ -27,17 +27,17 @@ Keys, with prefix P and partition p (all of p's keys hash to one slot):
 
 from __future__ import annotations
 
-import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from rankmeter import redis_hashes, redis_scripts, redis_users
+from rankmeter import redis_claim, redis_hashes, redis_scripts, redis_users
 from rankmeter.ab import hll
-from rankmeter.store import (FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, Refused, layout_history,
-                             numbers)
+from rankmeter.redis_hashes import replies, wrong_type
+from rankmeter.store import FENCED, LOST, REWOUND, PartitionCheckpoint, PartitionSnapshot, Refused
+from rankmeter.unreadable import Unreadable
 
 class RedisStore:
     # A restarting Redis refuses connections, then answers LOADING (BusyLoadingError, a
@@ -99,46 +99,8 @@ class RedisStore:
     def load(self, partition: int) -> PartitionSnapshot:
         return self._snapshot(partition, claim=False)
 
-    def _snapshot(self, partition: int, claim: bool, repaired: bool = False) -> PartitionSnapshot:
-        # One transaction: a new epoch and the state it owns are one snapshot.
-        with self.client.pipeline(transaction=True) as pipe:
-            if claim:
-                pipe.hincrby(self._key(partition, "meta"), "epoch", 1)
-            pipe.hgetall(self._key(partition, "offsets"))
-            pipe.hgetall(self._key(partition, "meta"))
-            pipe.hgetall(self._key(partition, "buckets"))
-            pipe.hgetall(self._key(partition, "ab"))
-            *claimed, offsets, meta, buckets, ab = pipe.execute(raise_on_error=False)
-        if claimed and isinstance(claimed[0], redis.ResponseError):
-            # The stored epoch cannot be incremented (not an integer, or an overflow): a new
-            # one no owner can hold (a time in ms, far above any count of claims) fences every
-            # earlier owner; claimed from it.
-            error = str(claimed[0])
-            if repaired or not ("not an integer" in error or "overflow" in error):
-                raise claimed[0]
-            self._repair_epoch(keys=[self._key(partition, "meta")], args=[int(time.time() * 1000)])
-            snapshot = self._snapshot(partition, claim, repaired=True)
-            return snapshot._replace(unreadable=(("epoch", "epoch", error[:100]), *snapshot.unreadable))
-        if failed := next((r for r in (offsets, meta, buckets, ab) if isinstance(r, Exception)), None):
-            raise failed
-        meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in meta.items()}
-        unreadable = []
-        # An offset that cannot be read: none is trusted (resuming one topic from 0 would
-        # count its events twice); the partition has no stored state, and Kafka's commit
-        # says it is lost (`serve --rebuild` rebuilds it).
-        stored, bad_offsets = numbers({k.decode(errors="replace"): v.decode(errors="replace")
-                                       for k, v in offsets.items()})
-        unreadable += [("offsets", topic, "not an integer: no offset of the partition used") for topic in bad_offsets]
-        watermarks, bad = numbers({k[len("watermark:"):]: v for k, v in meta.items() if k.startswith("watermark:")})
-        unreadable += [("watermark", topic, "not an integer") for topic in bad]
-        lists, bad = numbers({k[len("list:"):]: v for k, v in meta.items() if k.startswith("list:")})
-        unreadable += [("list", query, "not an integer") for query in bad]
-        epoch = numbers({"epoch": meta.get("epoch", "0")})[0].get("epoch", 0)  # read-only load
-        return PartitionSnapshot(
-            epoch, {} if bad_offsets else stored, watermarks,
-            meta.get("layout", ""), {k.decode(errors="replace"): v for k, v in buckets.items()},
-            {k.decode(errors="replace"): v for k, v in ab.items()}, *layout_history(meta), meta.get("mark", ""), lists,
-            tuple(unreadable))
+    def _snapshot(self, partition: int, claim: bool) -> PartitionSnapshot:
+        return redis_claim.snapshot(self.client, lambda name: self._key(partition, name), self._repair_epoch, claim)
 
     def eviction_policy(self) -> str | None:
         return eviction_policy(self.client)
@@ -147,8 +109,9 @@ class RedisStore:
         with self.client.pipeline(transaction=False) as pipe:
             for p, qids in wanted.items():
                 pipe.hmget(self._key(p, "queries"), qids)
-            results = pipe.execute()
-        return dict(zip(wanted, results))
+            results = replies(pipe, None)
+        # (records of another type's key: unknown, the next checkpoint replaces the key)
+        return {p: found or [None] * len(qids) for (p, qids), found in zip(wanted.items(), results)}
 
     def commit(self, checkpoints: Iterable[PartitionCheckpoint]) -> dict[int, str]:
         # One script per partition: its keys share a slot, so it works on Redis Cluster
@@ -194,24 +157,19 @@ class RedisStore:
         with self.client.pipeline(transaction=False) as pipe:
             for p in partitions:
                 pipe.hget(self._key(p, "meta"), "mark")
-            found = pipe.execute()
+            found = replies(pipe, None)  # (a meta of another type: no mark, the claim repairs it)
         return {p: (m or b"").decode(errors="replace") for p, m in zip(partitions, found)}
 
-    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
-        partitions = list(watermarks)
-        with self.client.pipeline(transaction=False) as pipe:
-            for p in partitions:
-                pipe.zrangebyscore(self._key(p, "open"), "-inf", watermarks[p], start=0, num=limit)
-                pipe.zcard(self._key(p, "open"))
-            results = pipe.execute()
-        return {p: ([q.decode() for q in results[2 * i]], results[2 * i + 1])
-                for i, p in enumerate(partitions)}
+    def expired(self, watermarks: Mapping[int, int], limit: int,
+                unreadable: Unreadable | None = None) -> dict[int, tuple[list[str], int]]:
+        return expired(self.client, self._key, watermarks, limit, unreadable)
 
     def wipe(self, partition: int, epoch: int | None = None) -> bool:
         # The epoch stays: the claim that asked for the wipe keeps owning the partition. The
         # arms' user counts go too (named by the arms' sums, in their slot).
-        users = [redis_users.key(self.prefix, partition, a) for a in redis_users.arms(
-            self.client.hkeys(self._key(partition, "ab")))]
+        with self.client.pipeline(transaction=False) as pipe:
+            fields = replies(pipe.hkeys(self._key(partition, "ab")), [])[0]  # (another type's: none)
+        users = [redis_users.key(self.prefix, partition, a) for a in redis_users.arms(fields)]
         return bool(self._wipe(keys=self._commit_keys(partition) + users, args=["" if epoch is None else epoch]))
 
     def load_users(self, wanted: Mapping[int, list[str]]) -> dict[int, dict[str, bytes]]:
@@ -263,20 +221,27 @@ class RedisStore:
             return bool(self._append(keys=[self._key(0, "meta"), key], args=[epoch, line, keep]))
         if epoch is not None and not self._holds_0(epoch):
             return False
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, line)
-            pipe.ltrim(key, -keep, -1)
-            pipe.execute()
+        for attempt in range(2):
+            found = self.client.pipeline(transaction=True).rpush(key, line).ltrim(key, -keep, -1).execute(
+                raise_on_error=False)
+            if (error := next((r for r in found if isinstance(r, Exception)), None)) is None:
+                return True
+            if attempt or not wrong_type(error):
+                raise error
+            self.client.delete(key)  # a key of another type holds nothing readable: replaced
         return True
 
     def _holds_0(self, epoch: int) -> bool:
         # On a cluster partition 0's metadata is in another slot than the experiment's keys:
         # no script spans both, so the epoch is checked just before the write (a claim in
         # between, one round trip, is not caught).
-        return self.client.hget(self._key(0, "meta"), "epoch") == str(epoch).encode()
+        with self.client.pipeline(transaction=False) as pipe:  # (a meta of another type: not held)
+            return replies(pipe.hget(self._key(0, "meta"), "epoch"), None)[0] == str(epoch).encode()
 
     def looks(self, experiment: str) -> list[str]:
-        return [line.decode() for line in self.client.lrange(f"{self.prefix}:ab:looks:{experiment}", 0, -1)]
+        with self.client.pipeline(transaction=False) as pipe:  # (another type's key: no looks)
+            lines = replies(pipe.lrange(f"{self.prefix}:ab:looks:{experiment}", 0, -1), [])[0]
+        return [line.decode(errors="replace") for line in lines]
 
     def admit_label(self, kind: str, value: str, cap: int, now_ms: int, idle_ms: int) -> bool:
         return bool(self._admit(keys=[f"{self.prefix}:labels:{kind}:seen"],
@@ -284,13 +249,6 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
-
-
-def wrong_type(e: redis.ResponseError) -> bool:
-    """A key of another type than the command's. Only that: a full Redis (OOM), a cluster
-    slot failing over (CLUSTERDOWN) or another client's long script (BUSY) is an outage
-    to wait out (`RedisStore.unavailable`), never "nothing stored" (review s11 H1, H2)."""
-    return str(e).startswith("WRONGTYPE")
 
 
 def text_hash(client: redis.Redis | RedisCluster, key: str) -> dict[str, str]:
@@ -314,6 +272,41 @@ def write_hash(client: redis.Redis | RedisCluster, key: str, fields: Mapping[str
             raise
         client.delete(key)
         client.hset(key, mapping=dict(fields))
+
+
+def expired(client: redis.Redis | RedisCluster, key: Callable[[int, str], str], watermarks: Mapping[int, int],
+            limit: int, unreadable: Unreadable | None) -> dict[int, tuple[list[str], int]]:
+    """RedisStore.expired. A query id not UTF-8 is no id of ours (ids are text: the pipeline
+    could never close it, and the sweep would read it again at every turn): removed from
+    the open set and the records, counted (kind `query`); an open set of another type is
+    no open query (the next checkpoint replaces it)."""
+    partitions = list(watermarks)
+    with client.pipeline(transaction=False) as pipe:
+        for p in partitions:
+            pipe.zrangebyscore(key(p, "open"), "-inf", watermarks[p], start=0, num=limit)
+            pipe.zcard(key(p, "open"))
+        results = replies(pipe, None)
+    out, bad = {}, {}
+    for i, p in enumerate(partitions):
+        ids = []
+        for q in results[2 * i] or []:
+            try:
+                ids.append(q.decode())
+            except UnicodeDecodeError:
+                bad.setdefault(p, []).append(q)
+        out[p] = (ids, (results[2 * i + 1] or 0) - len(bad.get(p, ())))
+    if bad:
+        with client.pipeline(transaction=False) as pipe:
+            for p, ids in bad.items():
+                pipe.zrem(key(p, "open"), *ids)
+                pipe.hdel(key(p, "queries"), *ids)
+            replies(pipe, None)
+        for p, ids in bad.items():
+            for q in ids:
+                if unreadable is not None:
+                    unreadable.skip("query", f"{{{p}}}:open", q[:100].decode(errors="backslashreplace"),
+                                    "not UTF-8: removed with its record")
+    return out
 
 
 def eviction_policy(client: redis.Redis | RedisCluster) -> str | None:

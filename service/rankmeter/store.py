@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from rankmeter.ab import hll
+from rankmeter.unreadable import Unreadable
 
 # Why a checkpoint was refused: another owner's epoch, no state at all, or state older than
 # this owner's last checkpoint (the store lost its last writes: a restore, an async failover).
@@ -114,9 +115,11 @@ class Store(Protocol):
     def marks(self, partitions: Iterable[int]) -> dict[int, str]:
         """The mark of each partition's last stored checkpoint ("" when none), in one round trip."""
 
-    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
+    def expired(self, watermarks: Mapping[int, int], limit: int,
+                unreadable: Unreadable | None = None) -> dict[int, tuple[list[str], int]]:
         """Per partition: up to `limit` query ids whose deadline is at or before the
-        partition's watermark, and how many queries are open."""
+        partition's watermark, and how many queries are open (stored ids that cannot be
+        ids are removed, counted in `unreadable`)."""
 
     def wipe(self, partition: int, epoch: int | None = None) -> bool:
         """Delete the partition's state but its epoch (before rebuilding it from the topics),
@@ -262,7 +265,8 @@ class MemoryStore:
     def marks(self, partitions: Iterable[int]) -> dict[int, str]:
         return {p: self.meta.get(p, {}).get("mark", "") for p in partitions}
 
-    def expired(self, watermarks: Mapping[int, int], limit: int) -> dict[int, tuple[list[str], int]]:
+    def expired(self, watermarks: Mapping[int, int], limit: int,
+                unreadable: Unreadable | None = None) -> dict[int, tuple[list[str], int]]:
         out = {}
         for p, watermark in watermarks.items():
             deadlines = self.deadlines.get(p, {})

@@ -11,7 +11,8 @@ from collections import Counter
 log = logging.getLogger("rankmeter.store")
 
 # exported even at 0
-KINDS = ("bucket", "experiment", "interleaving", "layout", "history", "offsets", "watermark", "epoch", "list")
+KINDS = ("bucket", "experiment", "interleaving", "layout", "history", "offsets", "watermark", "epoch", "list",
+         "key", "query")
 LOGGED_LIMIT = 10_000  # (key, field)s remembered as logged; past it, further ones are counted only
 
 

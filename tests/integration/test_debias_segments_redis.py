@@ -36,3 +36,28 @@ def test_segment_sums_stored_in_redis_give_the_same_curves_after_a_restart_and_o
     replica = Pipeline(SETTINGS, RedisStore(redis_url, store.prefix), lambda r, why: None, later)
     replica.look_at_position_bias(estimate_here=False)
     assert replica.position_bias.segment_curves == bias.segment_curves
+
+
+def test_keys_of_another_type_do_not_stop_a_claim_nor_the_batches_after_it(store, redis_url):
+    """Review s11: a partition's key of another type made every claim raise (the replica never
+    ready). A restart over planted keys: the buckets' (and the open set's) counted and started
+    afresh, the batches go on and the next checkpoint replaces the keys; the offsets' leave
+    no starting point: that partition is lost (`serve --rebuild`), the other consumed."""
+    clock = Clock(START_MS)
+    pipeline, bus = pipeline_on(store, clock)
+    run(pipeline, bus, clock, 300, 1, START_MS)
+    for p, name in ((0, "buckets"), (0, "open"), (1, "offsets")):
+        store.client.delete(store._key(p, name))
+        store.client.set(store._key(p, name), "not this type")
+    k = SETTINGS.kafka
+    again = Pipeline(SETTINGS, RedisStore(redis_url, store.prefix), lambda r, why: None, clock)
+    bus.subscribe([k.impressions_topic, k.feedback_topic], again.assign, again.revoke)  # a restart
+    assert again.unreadable.counts["key"] == 3
+    assert again.ledger.lost == {1} and set(again.partitions) == {0}
+    run(again, bus, clock, 300, 2, clock.ms + 1000)
+    assert store.client.type(store._key(0, "buckets")) in (b"hash", "hash")
+    assert store.client.type(store._key(0, "open")) in (b"zset", "zset")
+    assert store.client.hlen(store._key(0, "buckets")) > 0
+    third = Pipeline(SETTINGS, RedisStore(redis_url, store.prefix), lambda r, why: None, clock)
+    third.assign([0, 1])
+    assert third.unreadable.counts["key"] == 1 and third.ledger.lost == {1}  # (the offsets' alone)

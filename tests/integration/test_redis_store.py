@@ -261,3 +261,108 @@ def test_an_outage_on_a_running_key_is_raised_not_read_as_no_fields_nor_replaced
         store.save_running("exp", {"P@10\x1fb": "4 5 6"})
     monkeypatch.undo()
     assert store.load_running("exp") == {"P@10\x1fb": "1 2 3"}
+
+
+@pytest.mark.parametrize("epoch", [True, False], ids=["fenced script", "plain write"])
+def test_a_looks_key_of_another_type_is_no_looks_then_replaced_not_a_crash(store, epoch):
+    """Review s11: the looks list's key holding a string failed APPEND's RPUSH: raised out of
+    the experiment look at every history interval (serve's crash loop)."""
+    owner = store.claim(0).epoch if epoch else None
+    store.client.set(f"{store.prefix}:ab:looks:exp", "not a list")
+    assert store.looks("exp") == []
+    assert store.append_look("exp", '{"t": 1}', 10, owner) is True
+    assert store.looks("exp") == ['{"t": 1}']
+
+
+def test_a_stored_look_not_utf8_is_read_with_replacement_characters(store):
+    """Review s11: `looks()` decoded strictly: one hostile line and `rankmeter report ab` died."""
+    store.client.rpush(f"{store.prefix}:ab:looks:exp", b"\xff\xfe", b'{"t": 2}')
+    assert store.looks("exp") == ["\ufffd\ufffd", '{"t": 2}']
+
+
+def test_an_open_query_id_not_utf8_is_removed_with_its_record_and_counted(store):
+    """Review s11: `expired()` decoded the open set strictly (serve's sweep died). Such an id is
+    none of ours (ids are text): removed from the open set and the records, counted once,
+    not read again at every sweep; an open set of another type is no open query."""
+    from rankmeter.unreadable import Unreadable
+
+    unreadable = Unreadable()
+    store.client.zadd(store._key(0, "open"), {b"\xff": 1, "q1": 2, "q2": 500})
+    store.client.hset(store._key(0, "queries"), mapping={b"\xff": b"r", "q1": b"r1"})
+    assert store.expired({0: 10}, 100, unreadable) == {0: (["q1"], 2)}
+    assert unreadable.counts["query"] == 1
+    assert store.client.zcard(store._key(0, "open")) == 2 and store.client.hkeys(store._key(0, "queries")) == [b"q1"]
+    assert store.expired({0: 10}, 100, unreadable) == {0: (["q1"], 2)} and unreadable.counts["query"] == 1
+    store.client.set(store._key(1, "open"), "not a zset")
+    assert store.expired({1: 10}, 100, unreadable) == {1: ([], 0)}
+
+
+@pytest.mark.parametrize("name", ["buckets", "ab", "queries", "open"])
+def test_a_partition_key_of_another_type_is_counted_read_empty_and_replaced_at_the_commit(store, name):
+    """Review s11: a key of the partition's of another type made every claim raise (the
+    replica never ready). It holds nothing readable: counted, read as empty, and replaced by
+    the next checkpoint, within the fenced script and before it writes anything (a script
+    failing midway is not rolled back)."""
+    old = store.claim(0).epoch
+    full = dict(offsets={"imp": 5}, records={"q1": b"r"}, deadlines={"q1": 9}, buckets={"a\x1f\x1f1": b"x"},
+                ab={"e\x1fa\x1f": b"y" * 8})
+    assert store.commit([checkpoint(old, **full)]) == {}
+    key = store._key(0, name)
+    store.client.delete(key)
+    store.client.set(key, "not this type")
+    claimed = store.claim(0)
+    assert ("key", name) in {(kind, field) for kind, field, _ in claimed.unreadable}
+    assert claimed.offsets == {"imp": 5}
+    assert (claimed.buckets == {}) == (name == "buckets") and (claimed.ab == {}) == (name == "ab")
+    # What reads the key before the next checkpoint: nothing raised.
+    assert store.load_ab([0]) == {0: {} if name == "ab" else {"e\x1fa\x1f": b"y" * 8}}
+    assert store.read({0: ["q1"]}) == {0: [None if name == "queries" else b"r"]}
+    assert store.expired({0: 100}, 10)[0][0] == ([] if name == "open" else ["q1"])
+    assert store.commit([checkpoint(claimed.epoch, **full)]) == {}
+    kinds = {"buckets": b"hash", "ab": b"hash", "queries": b"hash", "open": b"zset"}
+    assert store.client.type(key) in (kinds[name], kinds[name].decode())
+    again = store.claim(0)
+    assert again.unreadable == () and again.offsets == {"imp": 5}
+    assert again.buckets == {"a\x1f\x1f1": b"x"} and again.ab == {"e\x1fa\x1f": b"y" * 8}
+    assert store.read({0: ["q1"]}) == {0: [b"r"]}
+
+
+@pytest.mark.parametrize("name", ["offsets", "meta"])
+def test_offsets_or_meta_of_another_type_leave_no_offset_and_a_fresh_epoch(store, name):
+    """Review s11: the offsets, or the meta (the epoch, the layout history the buckets and
+    records are read by, the last checkpoint's mark) of another type: the claim raised for
+    ever. Now no offset is trusted (the partition is lost as for an unreadable offset:
+    `serve --rebuild`); a meta of another type gets a fresh epoch that fences every earlier
+    owner, distinct for two claims."""
+    old = store.claim(0).epoch
+    assert store.commit([checkpoint(old, offsets={"imp": 5}, meta={"mark": f"{old}:1"})]) == {}
+    key = store._key(0, name)
+    store.client.delete(key)
+    store.client.set(key, "not a hash")
+    loaded = store.load(0)  # read-only (`rankmeter report`): nothing written
+    assert loaded.offsets == {} and ("key", name) in {(kind, field) for kind, field, _ in loaded.unreadable}
+    assert store.client.type(key) in (b"string", "string")
+    assert store.marks([0]) == {0: "" if name == "meta" else f"{old}:1"}
+    claimed = store.claim(0)
+    assert claimed.offsets == {} and ("key", name) in {(kind, field) for kind, field, _ in claimed.unreadable}
+    if name == "meta":
+        assert claimed.epoch > 1_000_000_000_000 and claimed.mark == ""
+        assert store.commit([checkpoint(old, offsets={"imp": 6})]) == {0: FENCED}
+        assert store.claim(0).epoch == claimed.epoch + 1
+        claimed = store.claim(0)
+    # `serve --rebuild`: the wipe deletes the key, a checkpoint of the claim's epoch is stored.
+    assert store.wipe(0, claimed.epoch) is True
+    assert store.commit([checkpoint(claimed.epoch, offsets={"imp": 1})]) == {}
+    assert store.claim(0).offsets == {"imp": 1}
+
+
+def test_a_meta_of_another_type_mid_run_fences_the_checkpoint_and_the_fenced_writes(store):
+    """A meta replaced after the claim: the checkpoint is refused (no epoch is ours), nothing
+    written and nothing raised; so are partition 0's holder's A/B writes."""
+    owner = store.claim(0).epoch
+    store.client.set(store._key(0, "meta"), "not a hash")
+    assert store.commit([checkpoint(owner, offsets={"imp": 5}, records={"q1": b"r"})]) == {0: FENCED}
+    assert store.client.exists(store._key(0, "queries")) == 0
+    assert store.save_running("exp", {"P@10": "1"}, owner) is False
+    assert store.append_look("exp", "a", 2, owner) is False
+    assert store.looks("exp") == [] and store.load_running("exp") == {}

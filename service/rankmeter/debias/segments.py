@@ -75,12 +75,22 @@ class SegmentHarvest:
 
 def unreadable(vector: np.ndarray, ranks: int) -> str | None:
     """Why a partition's stored segment sums cannot be sums (review s10 M1: a NaN disabled
-    the segment's curve for good, 1e300 gave a flat one), else None. (A partition's are
-    deltas of a bounded table: they may be negative, their total may not: `inconsistent`.)"""
+    the segment's curve for good, 1e300 gave a flat one), else None. (A partition's clicks
+    are deltas of a bounded table's CTRs: they may go down, their total may not,
+    `inconsistent`. Its pair counts only grow (an eviction leaves the sums): a negative one
+    is corrupt, review s11.)"""
     if len(vector) != 2 * ranks ** 2:
         return f"{len(vector)} numbers, not {2 * ranks ** 2}"
+    return implausible(vector, (slice(ranks ** 2, 2 * ranks ** 2),))
+
+
+def implausible(vector: np.ndarray, pair_counts: tuple[slice, ...]) -> str | None:
+    """Why stored sums of the right size cannot be a harvest's: not finite, past `MAX_SUM`,
+    or a negative cell among the `pair_counts`; else None."""
     if not np.isfinite(vector).all() or (np.abs(vector) > MAX_SUM).any():
         return "not finite or too large"
+    if any((vector[s] < 0).any() for s in pair_counts):
+        return "a negative pair count"
     return None
 
 

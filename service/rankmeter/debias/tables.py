@@ -29,6 +29,7 @@ from rankmeter.debias.clickmodels import (
 )
 from rankmeter.debias.fit import Look, initial, judge
 from rankmeter.debias.propensity import CLICKED, DEFAULT_MIN_SUPPORT, SHOWN, Harvester, PairSums, estimate
+from rankmeter.debias import segments
 from rankmeter.debias.segments import SegmentHarvest
 from rankmeter.engine.query import first_occurrences
 
@@ -50,6 +51,20 @@ def upgrade(stored: np.ndarray | None, ranks: int) -> np.ndarray:
     if stored is not None and len(stored) == 2 * ranks ** 2:
         out[:len(stored)] = stored
     return out
+
+
+def unreadable(stored: np.ndarray | None, ranks: int) -> str | None:
+    """Why a partition's stored vector (`PAIRS`) cannot be its harvest's sums, else None:
+    another length than today's or the older one, or (`segments.implausible`) a cell not
+    finite or past 1e15, or a negative pair count (pbm's and ubm's only grow). One NaN kept
+    would poison every look for good: its holder adds its deltas to it (review s11)."""
+    if stored is None:
+        return None
+    k2, s2 = ranks ** 2, slots(ranks) ** 2
+    if len(stored) not in (vector_size(ranks), 2 * k2):
+        return f"{len(stored)} numbers, not {vector_size(ranks)}"
+    return segments.implausible(stored, (slice(k2, 2 * k2), slice(2 * k2 + s2, 2 * k2 + 2 * s2))
+                                if len(stored) > 2 * k2 else (slice(k2, 2 * k2),))
 
 
 def split(vector: np.ndarray, ranks: int) -> tuple[PairSums, PairSums, np.ndarray]:

@@ -78,7 +78,7 @@ class Pipeline:
                               debiased=bool(self.position_bias.measures), checks=checks,
                               unreadable=self.unreadable)
         self._intake = Intake(settings, self.partitions, dead_letter, wall, checks)
-        self._sweep = Sweep(settings, store, self.partitions, wall)
+        self._sweep = Sweep(settings, store, self.partitions, wall, self.unreadable)
         self.records = Records(store, self.partitions, layouts)
         self._joining = Joining(settings, self.partitions, self.labels, self.experiments.enrol, dead_letter)
         self._scoring = Scoring(settings, self.partitions, layouts, self.records, self.experiments,

@@ -15,6 +15,7 @@ from rankmeter.pipeline.checkpoint import Ledger
 from rankmeter.pipeline.experiments import ab_problem
 from rankmeter.pipeline.layouts import Layouts
 from rankmeter.pipeline.offsets import Bounds, OffsetChecks
+from rankmeter.debias.tables import unreadable as pairs_unreadable
 from rankmeter.debias.tables import upgrade
 from rankmeter.pipeline.state import PAIRS, PartitionState, Reset
 from rankmeter.store import FENCED, Store
@@ -63,8 +64,9 @@ class Claims:
         resume = {}
         for p in partitions:
             snapshot = self.store.claim(p) if claim else self.store.load(p)
-            for kind, field, why in snapshot.unreadable:
-                self.unreadable.skip(kind, f"{{{p}}}:{'offsets' if kind == 'offsets' else 'meta'}", field, why)
+            for kind, field, why in snapshot.unreadable:  # (kind `key`: the field names the key)
+                where = field if kind == "key" else "offsets" if kind == "offsets" else "meta"
+                self.unreadable.skip(kind, f"{{{p}}}:{where}", "" if kind == "key" else field, why)
             stored, offsets = snapshot.offsets, dict(snapshot.offsets)
             # Claimed again: not rewound any more, whatever the claim finds (else a partition
             # whose state is gone entirely would be claimed again on every batch).
@@ -73,7 +75,10 @@ class Claims:
             gone = not offsets and any(committed.get((t, p), 0) > 0 for t in self.topics)
             # Offsets the store could not read: its state is no starting point whatever Kafka's
             # commit says (resuming from the log's start onto the stored sums counts twice).
-            gone = gone or any(kind == "offsets" for kind, _, _ in snapshot.unreadable)
+            # So do offsets or a meta (the layout history its buckets and records are read by) of
+            # another type (redis_claim.py).
+            gone = gone or any(kind == "offsets" or (kind, field) in (("key", "offsets"), ("key", "meta"))
+                               for kind, field, _ in snapshot.unreadable)
             resets: list[Reset] = []
             if offsets and self._lost_writes(p, offsets, committed, bounds, rewound):
                 gone = True
@@ -113,7 +118,13 @@ class Claims:
             state.ab = self._load_ab(p, snapshot.ab)
             if self.debiased:
                 # (an older version's, pbm only, is padded: debias/tables.py)
-                state.pair_sums = upgrade(state.ab.get(PAIRS), self.settings.debias.ranks)
+                # (unreadable ones, a NaN or a negative pair count, counted and started afresh:
+                # the next harvest stores them anew)
+                stored_pairs = state.ab.get(PAIRS)
+                if (why := pairs_unreadable(stored_pairs, self.settings.debias.ranks)) is not None:
+                    self.unreadable.skip("experiment", f"{{{p}}}:ab", PAIRS, why)
+                    stored_pairs = None
+                state.pair_sums = upgrade(stored_pairs, self.settings.debias.ranks)
             if not state.history or state.history[-1] != current.fingerprint:
                 # A new configuration: the first checkpoint rewrites every bucket in it and
                 # records it in the partition's history, which converts old records later.

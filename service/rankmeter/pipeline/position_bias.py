@@ -13,7 +13,8 @@ from rankmeter.debias import ipw, segments
 from rankmeter.debias.clickmodels import slots
 from rankmeter.debias.fit import Look, from_fields, to_fields
 from rankmeter.debias.propensity import Harvester, Propensities
-from rankmeter.debias.tables import ModelTables, decide, upgrade, vector_size
+from rankmeter.debias.tables import ModelTables, decide, upgrade
+from rankmeter.debias.tables import unreadable as pairs_unreadable
 from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
 from rankmeter.pipeline.state import PAIRS, PartitionState
@@ -243,10 +244,7 @@ class PositionBias:
             return
         name = f"propensity|ranks={d.ranks}|min_pairs={d.min_pairs}"
         if estimate_here and 0 in self.held:  # partition 0's holder, fenced by its claim
-            size = vector_size(d.ranks)
-            vectors = [upgrade(np.frombuffer(fields[PAIRS]), d.ranks)
-                       for fields in self.store.load_ab(self.store.partitions(), only=(PAIRS,)).values()
-                       if PAIRS in fields and len(fields[PAIRS]) in (8 * size, 16 * d.ranks ** 2)]
+            vectors = global_sums(self.store, d.ranks, self.unreadable)
             if not vectors:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
@@ -276,6 +274,23 @@ class PositionBias:
         known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
         known |= set(self.tables.segments.tables) | set(self.tables.curves)
         return segment_sums(self.store, known, self.settings.debias.ranks, self.unreadable)
+
+
+def global_sums(store: Store, ranks: int, unreadable: Unreadable) -> list[np.ndarray]:
+    """Every partition's stored `PAIRS` that can be read (`tables.unreadable`: the wrong
+    length, not finite, past 1e15, a negative pair count), today's length; the others
+    counted and left out (their holder starts them afresh at its claim)."""
+    out = []
+    for p, fields in store.load_ab(store.partitions(), only=(PAIRS,)).items():
+        if PAIRS not in fields:
+            continue
+        data = fields[PAIRS]
+        vector = np.frombuffer(data[:len(data) - len(data) % 8])
+        if (why := pairs_unreadable(vector, ranks) if len(data) % 8 == 0 else f"{len(data)} bytes") is not None:
+            unreadable.skip("experiment", f"{{{p}}}:ab", PAIRS, why)
+            continue
+        out.append(upgrade(vector, ranks))
+    return out
 
 
 def segment_sums(store: Store, known: set[str], ranks: int, unreadable: Unreadable) -> dict[str, np.ndarray]:

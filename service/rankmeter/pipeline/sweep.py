@@ -11,6 +11,7 @@ from rankmeter.config import Settings, duration_ms
 from rankmeter.pipeline.context import Batch
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.store import Store
+from rankmeter.unreadable import Unreadable
 
 # How far the partition's impression events have come, in their queries' record time (the
 # search engine's clock, not a browser's), kept with the topics' watermarks: it settles
@@ -23,8 +24,9 @@ SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage'
 
 class Sweep:
     def __init__(self, settings: Settings, store: Store, held: dict[int, PartitionState],
-                 wall: Callable[[], float]) -> None:
+                 wall: Callable[[], float], unreadable: Unreadable | None = None) -> None:
         self.store = store
+        self.unreadable = unreadable
         self.held = held
         self.wall = wall
         self.topics = (settings.kafka.impressions_topic, settings.kafka.feedback_topic)
@@ -60,7 +62,7 @@ class Sweep:
                 ready.append(heapq.heappop(queue)[1])
             if ready:
                 batch.harvest[p] = ready
-        for p, (qids, open_count) in self.store.expired(watermarks, SWEEP_LIMIT).items():
+        for p, (qids, open_count) in self.store.expired(watermarks, SWEEP_LIMIT, self.unreadable).items():
             self.held[p].open_queries = open_count - len(qids)
             if qids:
                 batch.expired[p] = qids
