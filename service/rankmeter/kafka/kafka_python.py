@@ -244,9 +244,12 @@ class KafkaSource:
         # consumer.position() may block on the network (after a seek, or with the broker away).
         # Just after a seek the high watermark may be one seen before it (before an outage):
         # such a partition's lag is unknown until fetches have had time to renew it.
-        lags = {}
+        lags: dict[tuple[str, int], int] = {}
         now = time.monotonic()
+        held = set(self.assigned())  # (not kafka-python's assignment(): revoked ones too while joining)
         for tp in self.consumer.assignment():
+            if tp.partition not in held:
+                continue
             key = (tp.topic, tp.partition)
             high, position = self.consumer.highwater(tp), self._positions.get(key)
             if now - self._seeked_at.get(key, 0.0) < LAG_SETTLE_S:
