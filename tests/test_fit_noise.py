@@ -31,12 +31,15 @@ def test_the_dashboards_traffic_is_not_withdrawn_as_a_poor_fit(runs):
     for run in runs:
         reasons = run.reasons[NOW]
         assert "ok" in reasons and "poor_fit" not in reasons, reasons
+        # and exported at the end, as the dashboards test needs it (no other check withdrew it)
+        assert reasons[-1] == "ok", reasons
         # judged: the calibration had its 30 expected clicks at some look
         assert any(m < float("inf") for m in run.margins)
 
 
 def test_without_the_noise_margin_some_would_be(runs):
     # The old rule (no margin) withdrew about 3 runs in 10 of this traffic (bench/fit_noise.py:
-    # 31% of 200), here run 1 of these 8: what made the dashboards' test flaky.
+    # 31% of 400; run 1 of these 8 today): what made the dashboards' test flaky. Not pinned to
+    # which runs, only that the traffic is one the margin matters for.
     withdrawn = [run_id for run_id, run in zip(RUNS, runs) if "poor_fit" in run.reasons[OLD]]
-    assert withdrawn == [1]
+    assert withdrawn, "the old rule withdrew none of these runs: the test no longer shows the margin's effect"

@@ -193,6 +193,7 @@ class KafkaSource:
             batches = self.consumer.poll(timeout_ms=JOIN_SLICE_MS, max_records=max_records)
             if batches or self._joining_since is None or time.monotonic() >= deadline:
                 return batches
+            self._keep_join()
 
     def _keep_join(self) -> None:
         # kafka-python 3.0.12: a poll that times out during a JoinGroup/SyncGroup leaves the
