@@ -221,14 +221,12 @@ class RedisStore:
             return bool(self._append(keys=[self._key(0, "meta"), key], args=[epoch, line, keep]))
         if epoch is not None and not self._holds_0(epoch):
             return False
-        for attempt in range(2):
-            found = self.client.pipeline(transaction=True).rpush(key, line).ltrim(key, -keep, -1).execute(
-                raise_on_error=False)
-            if (error := next((r for r in found if isinstance(r, Exception)), None)) is None:
-                return True
-            if attempt or not wrong_type(error):
-                raise error
+        error = _push_trimmed(self.client, key, line, keep)
+        if error is not None and wrong_type(error):
             self.client.delete(key)  # a key of another type holds nothing readable: replaced
+            error = _push_trimmed(self.client, key, line, keep)
+        if error is not None:
+            raise error
         return True
 
     def _holds_0(self, epoch: int) -> bool:
@@ -249,6 +247,12 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _push_trimmed(client: redis.Redis | RedisCluster, key: str, line: str, keep: int) -> Exception | None:
+    """RPUSH then LTRIM to the last `keep`, one transaction; the first error, if any."""
+    found = client.pipeline(transaction=True).rpush(key, line).ltrim(key, -keep, -1).execute(raise_on_error=False)
+    return next((r for r in found if isinstance(r, Exception)), None)
 
 
 def text_hash(client: redis.Redis | RedisCluster, key: str) -> dict[str, str]:
