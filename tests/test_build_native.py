@@ -15,12 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
 
-def copy_tree(tmp: Path) -> Path:
+MODULES = ("_treader", "_events")
+
+
+def copy_tree(tmp: Path) -> list[Path]:
     (tmp / "scripts").mkdir()
     (tmp / "service" / "rankmeter").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "build_native.py", tmp / "scripts")
-    shutil.copy(ROOT / "service" / "rankmeter" / "_treader.c", tmp / "service" / "rankmeter")
-    return tmp / "service" / "rankmeter" / f"_treader{SUFFIX}"
+    for name in MODULES:
+        shutil.copy(ROOT / "service" / "rankmeter" / f"{name}.c", tmp / "service" / "rankmeter")
+    return [tmp / "service" / "rankmeter" / f"{name}{SUFFIX}" for name in MODULES]
 
 
 def build(tmp: Path, cc: str) -> subprocess.CompletedProcess:
@@ -30,20 +34,21 @@ def build(tmp: Path, cc: str) -> subprocess.CompletedProcess:
 
 
 def test_a_missing_compiler_falls_back_and_removes_the_old_module(tmp_path: Path) -> None:
-    target = copy_tree(tmp_path)
-    target.write_bytes(b"stale")
+    targets = copy_tree(tmp_path)
     for cc in ("/nonexistent/cc", "/nonexistent/ccache gcc"):
+        for target in targets:
+            target.write_bytes(b"stale")
         done = build(tmp_path, cc)
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
-        assert "not built (no C compiler" in done.stderr
-        assert not target.exists()
+        assert done.stderr.count("not built (no C compiler") == len(MODULES), done.stderr
+        assert not any(target.exists() for target in targets)
 
 
 def test_a_compiler_with_arguments_builds(tmp_path: Path) -> None:
     gcc = shutil.which("gcc") or shutil.which("cc")
     assert gcc, "the project's build needs gcc (make venv installs none)"
-    target = copy_tree(tmp_path)
+    targets = copy_tree(tmp_path)
     done = build(tmp_path, f"{gcc} -O0")
-    assert done.returncode == 0 and "built" in done.stderr, done.stderr
-    assert target.stat().st_size > 1000
+    assert done.returncode == 0 and "not built" not in done.stderr, done.stderr
+    assert all(target.stat().st_size > 1000 for target in targets)

@@ -14,6 +14,11 @@ from rankmeter.pipeline.offsets import OffsetChecks
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.source import Record
 
+try:
+    from rankmeter._events import run_end
+except ImportError:  # (then Decoder.plain is None too)
+    run_end = None
+
 
 class Intake:
     def __init__(self, settings: Settings, held: dict[int, PartitionState],
@@ -29,12 +34,67 @@ class Intake:
 
     def read(self, batch: Batch, records: list[Record]) -> None:
         """Fills the batch's work, advanced offsets, newest event times and rejected counts."""
+        checked = set[tuple[str, int]]()  # (topic, partition)s whose offsets were checked this batch
+        if self.decoder.plain is None or not isinstance(records, list):  # (rankmeter._events not built)
+            self._read_each(batch, records, 0, len(records), checked)
+            return
+        # A poll batch holds runs of one partition's records, one after another: each run
+        # decoded in C at once when it is the next records of its partition (the common
+        # case), else record by record.
+        start, n = 0, len(records)
+        while start < n:
+            stop = run_end(records, start)
+            if not self._read_run(batch, records, start, stop, checked):
+                self._read_each(batch, records, start, stop, checked)
+            start = stop
+
+    def _read_run(self, batch: Batch, records: list[Record], start: int, stop: int,
+                  checked: set[tuple[str, int]]) -> bool:
+        """records[start:stop], one partition's next records of one topic: read, the plain
+        native messages keyed by their query_id at once, the others one by one, in order;
+        False (nothing done) when they are not the partition's next records."""
+        first = records[start]
+        p, topic = first.partition, first.topic
+        ps = self.held.get(p)
+        if ps is None or p in self.checks.ledger.stopped or p in self.checks.ledger.recheck:
+            return False  # (record by record: skipped there)
+        read = batch.advanced.get(p)
+        expected = None if read is None else read.get(topic)
+        if first.offset != (ps.offsets.get(topic, 0) if expected is None else expected):
+            return False
+        if topic != self.impressions_topic and topic != self.feedback_topic:
+            return False
+        events, misses, newest_ms, shown = self.decoder.plain.run(records, start, stop, batch.now_ms,
+                                                                  topic == self.feedback_topic)
+        advanced = batch.advanced.setdefault(p, {})
+        at = 0  # (in the run)
+        for miss in misses:  # the messages the C path leaves to the Python one, in their place
+            if at < miss:
+                batch.work.setdefault(p, []).extend(zip(records[start + at:start + miss], events[at:miss]))
+            advanced[topic] = records[start + miss].offset  # (the next one: offsets are consecutive)
+            self._read_each(batch, records, start + miss, start + miss + 1, checked)
+            at = miss + 1
+        if at < stop - start:
+            batch.work.setdefault(p, []).extend(zip(records[start + at:stop], events[at:]))
+        advanced[topic] = records[stop - 1].offset + 1
+        if newest_ms != -1:
+            topics = batch.newest.setdefault(p, {})
+            if newest_ms > topics.get(topic, -1):
+                topics[topic] = newest_ms
+        if shown:
+            ps.shown_wall_ms = self.wall() * 1000
+        return True
+
+    def _read_each(self, batch: Batch, records: list[Record], start: int, stop: int,
+                   checked: set[tuple[str, int]]) -> None:
+        """records[start:stop] one by one: any message, any offsets."""
         now_ms, work, advanced, newest, counts = batch.now_ms, batch.work, batch.advanced, batch.newest, batch.counts
         # (Attributes read once: this loop runs once per record.)
         partitions, impressions_topic, feedback_topic = self.held, self.impressions_topic, self.feedback_topic
         impression, feedback = self.decoder.impression, self.decoder.feedback
-        stopped, recheck, checked = self.checks.ledger.stopped, self.checks.ledger.recheck, set[tuple[str, int]]()
-        for r in records:
+        stopped, recheck = self.checks.ledger.stopped, self.checks.ledger.recheck
+        for i in range(start, stop):
+            r = records[i]
             ps = partitions.get(r.partition)
             if ps is None or r.partition in stopped or r.partition in recheck:
                 continue  # not ours, or refused (its offsets went backwards), or to be claimed again
