@@ -9,6 +9,11 @@ from rankmeter.clock import EventClock
 from rankmeter.pipeline import Pipeline
 from rankmeter.source import Record, Source
 
+try:
+    from rankmeter._events import newest as _newest
+except ImportError:  # (not built: scripts/build_native.py)
+    _newest = None
+
 
 class Lag:
     """The consumer's lag per (topic, partition) held, sampled once a second, and the
@@ -28,6 +33,9 @@ class Lag:
     def see(self, records: list[Record]) -> None:
         if isinstance(self.clock, EventClock):
             self.clock.see(records)
+        if _newest is not None and isinstance(records, list):  # the same in C, once per partition's run
+            _newest(records, self.newest)
+            return
         newest = self.newest
         for r in records:
             if r.timestamp > newest.get((r.topic, r.partition), -1):

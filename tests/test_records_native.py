@@ -1,0 +1,65 @@
+"""The C conversions of consumed records (rankmeter/_events.c) equal their Python paths:
+confluent-kafka's messages into Records (kafka/confluent.py `_records`: errors left out,
+no headers as the shared empty list) and the newest Kafka timestamp per partition
+(lag.py `Lag.see`), on hypothesis-drawn batches."""
+
+from __future__ import annotations
+
+import os
+
+import confluent_kafka
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rankmeter.kafka import confluent
+from rankmeter.source import Record
+
+try:
+    from rankmeter import _events
+except ImportError:
+    _events = None
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+pytestmark = pytest.mark.skipif(_events is None and not IN_CI,
+                                reason="the C module is not built (scripts/build_native.py)")
+
+EOF_ERROR = confluent_kafka.KafkaError(confluent_kafka.KafkaError._PARTITION_EOF)
+messages = st.lists(st.builds(
+    lambda topic, partition, offset, key, value, headers, ts, error: confluent_kafka.Message(
+        topic=topic, partition=partition, offset=offset, key=key, value=value, headers=headers, timestamp=ts,
+        error=EOF_ERROR if error else None),
+    st.sampled_from(["a.impressions", "a.feedback"]), st.integers(0, 300), st.integers(0, 10 ** 12),
+    st.one_of(st.none(), st.binary(max_size=8)), st.one_of(st.none(), st.binary(max_size=8)),
+    st.one_of(st.none(), st.just([]), st.just([("h", b"1")])),
+    st.tuples(st.integers(0, 2), st.integers(-1, 10 ** 13)), st.booleans()), max_size=30)
+
+
+def python_records(batch: list) -> list[Record]:
+    return [tuple.__new__(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                   m.headers() or confluent._NO_HEADERS, m.timestamp()[1]))
+            for m in batch if m.error() is None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_messages_into_records_as_in_python(batch: list) -> None:
+    got = _events.records_of(batch, Record, confluent._NO_HEADERS)
+    expected = python_records(batch)
+    assert got == expected and all(type(r) is Record for r in got)
+    assert all(r.headers is confluent._NO_HEADERS for r in got if not r.headers)
+    assert confluent._records(batch) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.dictionaries(st.tuples(st.sampled_from(["a.impressions", "a.feedback"]), st.integers(0, 300)),
+                                 st.integers(-2, 10 ** 13), max_size=4))
+def test_the_newest_timestamps_as_in_python(batch: list, known: dict) -> None:
+    records = python_records(batch)
+    expected = dict(known)
+    for r in records:
+        if r.timestamp > expected.get((r.topic, r.partition), -1):
+            expected[(r.topic, r.partition)] = r.timestamp
+    got = dict(known)
+    _events.newest(records, got)
+    assert got == expected
