@@ -495,68 +495,6 @@ error:
     return NULL;
 }
 
-/* records_of(messages, record_type, no_headers) -> [Record]: confluent-kafka's messages
-   without an error as Records (kafka/confluent.py `_records`): (topic(), partition(),
-   offset(), key(), value(), headers() or no_headers, timestamp()[1]). */
-static PyObject *NAMES[8];  /* error, topic, partition, offset, key, value, headers, timestamp */
-
-static PyObject *call_method(PyObject *m, int name) {
-    return PyObject_VectorcallMethod(NAMES[name], &m, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-}
-
-static PyObject *records_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyList_Check(args[0]) || !PyType_Check(args[1])
-        || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "records_of(messages: list, record_type: a tuple type, no_headers)");
-        return NULL;
-    }
-    PyObject *messages = args[0], *no_headers = args[2];
-    PyTypeObject *type = (PyTypeObject *)args[1];
-    Py_ssize_t n = PyList_GET_SIZE(messages);
-    PyObject *out = PyList_New(0);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(messages, i);
-        PyObject *error = call_method(m, 0);
-        if (error == NULL) goto error;
-        Py_DECREF(error);
-        if (error != Py_None) continue;
-        PyObject *record = type->tp_alloc(type, R_FIELDS + 2);
-        if (record == NULL) goto error;
-        for (int field = 1; field <= 7; field++) {
-            PyObject *value = call_method(m, field);
-            if (value == NULL) {
-                Py_DECREF(record);
-                goto error;
-            }
-            int truth = field == 6 ? PyObject_IsTrue(value) : 1;
-            if (truth < 0) {
-                Py_DECREF(value);
-                Py_DECREF(record);
-                goto error;
-            }
-            if (!truth) {  /* headers() or no_headers */
-                Py_SETREF(value, Py_NewRef(no_headers));
-            } else if (field == 7) {  /* timestamp()[1] */
-                PyObject *ts = PySequence_GetItem(value, 1);
-                Py_SETREF(value, ts);
-                if (value == NULL) {
-                    Py_DECREF(record);
-                    goto error;
-                }
-            }
-            PyTuple_SET_ITEM(record, field - 1, value);
-        }
-        int appended = PyList_Append(out, record);
-        Py_DECREF(record);
-        if (appended < 0) goto error;
-    }
-    return out;
-error:
-    Py_DECREF(out);
-    return NULL;
-}
-
 /* newest(records, into): into[(topic, partition)] raised to each record's Kafka timestamp
    (field 6) above it (lag.py `Lag.see`), once per run of one partition's records. */
 static PyObject *newest(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
@@ -672,8 +610,6 @@ static PyTypeObject DecoderType = {
 static PyMethodDef module_methods[] = {
     {"run_end", (PyCFunction)(void (*)(void))run_end, METH_FASTCALL,
      "run_end(records, start) -> stop: the end of one topic's partition's run of consecutive offsets"},
-    {"records_of", (PyCFunction)(void (*)(void))records_of, METH_FASTCALL,
-     "records_of(messages, record_type, no_headers) -> [Record]: confluent-kafka's messages without an error"},
     {"newest", (PyCFunction)(void (*)(void))newest, METH_FASTCALL,
      "newest(records, into): into[(topic, partition)] raised to the records' Kafka timestamps"},
     {NULL, NULL, 0, NULL},
@@ -683,9 +619,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_events", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__events(void) {
     if (PyType_Ready(&DecoderType) < 0) return NULL;
-    const char *names[8] = {"error", "topic", "partition", "offset", "key", "value", "headers", "timestamp"};
-    for (int i = 0; i < 8; i++)
-        if ((NAMES[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Decoder", (PyObject *)&DecoderType) < 0) {
