@@ -7,7 +7,6 @@ Pure functions on `QueryRecord`; the pipeline loads and stores the records.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import NamedTuple
 
 import msgspec
@@ -225,13 +224,9 @@ def clicks_of(records: Sequence[QueryRecord], rank_of: Sequence[Mapping[str, int
     """`rank_of`: each record's document -> 0-based rank (QueryState.rank_of), a dict look-up
     where `results.index` would scan the list."""
     ranks = rank_of if rank_of is not None else [{doc: i for i, doc in enumerate(r.impression.results)} for r in records]
-    q, clicked = len(records), list(map(_CLICKED, records))
-    return Clicks(  # (map and attrgetter: per-record reads at C speed)
-        shown=np.fromiter(map(len, map(_RESULTS, records)), float, q),
-        clicked=np.fromiter(map(len, clicked), float, q),
-        clicks=np.fromiter(map(_CLICKS, records), float, q),
-        first_rank=np.array([min(map(rank.__getitem__, c)) + 1 if c else 0 for c, rank in zip(clicked, ranks)],
-                            dtype=float))
-
-
-_RESULTS, _CLICKED, _CLICKS = attrgetter("impression.results"), attrgetter("clicked"), attrgetter("clicks")
+    return Clicks(
+        shown=np.array([len(r.impression.results) for r in records], dtype=float),
+        clicked=np.array([len(r.clicked) for r in records], dtype=float),
+        clicks=np.array([r.clicks for r in records], dtype=float),
+        first_rank=np.array([min(map(rank.__getitem__, r.clicked)) + 1 if r.clicked else 0
+                             for r, rank in zip(records, ranks)], dtype=float))

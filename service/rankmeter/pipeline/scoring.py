@@ -41,10 +41,10 @@ class Scoring:
         if not keys:
             return
         records = list(map(batch.touched.__getitem__, keys))
-        held, level = self.held, self.level
+        level = self.level
         states = []
         for (p, qid), record, docs in zip(keys, records, changed.values()):
-            cache = held[p].states
+            cache = self.held[p].states
             state = cache.get(qid)
             if state is None or docs is None:
                 state = cache[qid] = QueryState.from_grades(record.impression.results, record.grades(),
