@@ -20,6 +20,7 @@ from rankmeter.source import Record
 LIST = "list:"  # partition metadata: a query assembling its list -> its time
 HARVEST_QUEUE_LIMIT = 100_000  # queries waiting per partition to be harvested; past it, new
                                # ones are not harvested (a sample: the estimate needs no more)
+_UNSEEN = object()  # a query not in the batch's `changed` yet
 
 
 def attribution_of(settings: Settings) -> Attribution:
@@ -77,7 +78,9 @@ class Joining:
                 outcome = apply_feedback(record, event, attribution, max_events, feedback_time)
                 if outcome == "applied":  # the common case, in short (never an impression event)
                     count[("feedback", "applied")] += 1
-                    docs = changed.setdefault(key, set())
+                    docs = changed.get(key, _UNSEEN)
+                    if docs is _UNSEEN:  # (a set only for the query's first: setdefault would make one per event)
+                        docs = changed[key] = set()
                     if docs is not None:
                         docs.add(event.doc_id)
                     continue
