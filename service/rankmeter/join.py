@@ -130,6 +130,8 @@ def _show(record: QueryRecord, impression: Impression, attribution: Attribution)
     """The list is known: apply the feedback that waited for it (impression events that
     came before a query record with hit ids add nothing to it)."""
     record.impression = impression
+    if not record.pending and not record.shown:  # the common case: the impression came first
+        return []
     waiting, record.pending = record.pending, []
     shown, record.shown = record.shown, []
     return ([(_apply(record, fb, attribution), fb.doc_id) for fb in waiting]
@@ -151,18 +153,19 @@ def apply_feedback(record: QueryRecord, feedback: Feedback, attribution: Attribu
     `flooded` when the query already had `max_events` feedback events (a runaway or
     hostile producer must not grow one record without bound). With `feedback_time`
     (ab.cuped's pre-period), the record keeps its latest feedback timestamp."""
-    if feedback.event_id in record.event_ids:
+    event_ids = record.event_ids
+    if feedback.event_id in event_ids:
         return "duplicate"
-    if len(record.event_ids) >= max_events:
+    if len(event_ids) >= max_events:
         return "flooded"
-    record.event_ids.add(feedback.event_id)
-    if feedback_time and feedback.action != IMPRESSION_ACTION:
-        record.feedback_ms = max(record.feedback_ms, feedback.timestamp_ms)
+    event_ids.add(feedback.event_id)
     if feedback.action == IMPRESSION_ACTION:
         if record.impression is None:
             record.shown.append((feedback.position, feedback.doc_id, feedback.timestamp_ms))
             return "pending"
         return _shown_after(record, feedback.doc_id)
+    if feedback_time:
+        record.feedback_ms = max(record.feedback_ms, feedback.timestamp_ms)
     if record.impression is None:
         record.pending.append(feedback)
         return "pending"
@@ -194,22 +197,24 @@ def settle(record: QueryRecord, attribution: Attribution, max_results: int
 def _apply(record: QueryRecord, fb: Feedback, attribution: Attribution) -> str:
     impression = record.impression
     assert impression is not None
-    if not attribution.accepts(impression.timestamp_ms, fb):
+    # Attribution.accepts, inlined: this runs once per feedback event.
+    explicit, timestamp_ms, doc = fb.explicit, fb.timestamp_ms, fb.doc_id
+    if timestamp_ms > impression.timestamp_ms + (attribution.explicit_ms if explicit else attribution.implicit_ms):
         return "late"
-    shown = fb.doc_id in impression.results  # the impression's ranks win over `position`
-    if fb.explicit:
-        previous = record.explicit.get(fb.doc_id)
-        if previous is None or fb.timestamp_ms >= previous.timestamp_ms:
-            record.explicit[fb.doc_id] = Judgment(fb.timestamp_ms, fb.grade)
+    if explicit:
+        previous = record.explicit.get(doc)
+        if previous is None or timestamp_ms >= previous.timestamp_ms:
+            record.explicit[doc] = Judgment(timestamp_ms, fb.grade)
         return "applied"
-    if not shown:
+    if doc not in impression.results:  # the impression's ranks win over `position`
         return "unmatched"
     if fb.action == "click":
         record.clicks += 1
-        if fb.doc_id not in record.clicked:
-            record.clicked.append(fb.doc_id)
-    if fb.grade > record.implicit.get(fb.doc_id, 0.0):
-        record.implicit[fb.doc_id] = fb.grade
+        if doc not in record.clicked:
+            record.clicked.append(doc)
+    implicit = record.implicit
+    if fb.grade > implicit.get(doc, 0.0):
+        implicit[doc] = fb.grade
     return "applied"
 
 

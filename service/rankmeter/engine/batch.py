@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain, count, repeat
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -47,27 +48,35 @@ class Batch(NamedTuple):
         return np.arange(self.width) < self.length[:, None]
 
 
+# stack's per-query reads, by map: at C speed, no generator frames
+_RANKING, _ROW_GRADES, _ROW_JUDGED = attrgetter("ranking"), attrgetter("row_grades"), attrgetter("row_judged")
+_IDEAL, _NUM_REL, _NUM_NONREL = attrgetter("ideal_ascending"), attrgetter("num_rel"), attrgetter("num_nonrel")
+_LEVEL = attrgetter("relevance_level")
+
+
 def stack(states: Sequence[QueryState]) -> Batch:
     """Stack query states into one Batch (rows in the order given)."""
     q = len(states)
+    ideals = list(map(_IDEAL, states))
+    length = np.fromiter(map(len, map(_RANKING, states)), dtype=np.int64, count=q)
+    ideal_length = np.fromiter(map(len, ideals), dtype=np.int64, count=q)
     # At least one column, so every reduction has something to reduce.
-    width = max((len(s.ranking) for s in states), default=1) or 1
-    ideal_width = max((len(s.ideal_ascending) for s in states), default=1) or 1
-    length = np.fromiter((len(s.ranking) for s in states), dtype=np.int64, count=q)
-    ideal_length = np.fromiter((len(s.ideal_ascending) for s in states), dtype=np.int64, count=q)
+    width = int(length.max(initial=0)) or 1
+    ideal_width = int(ideal_length.max(initial=0)) or 1
+    n = int(length.sum())
     # Rows are concatenated once and dropped into the padded matrix through a mask:
     # row-major order of the mask's True cells is the concatenation order.
     cells = np.arange(width) < length[:, None]
     grades = np.zeros((q, width))
-    grades[cells] = np.fromiter(chain.from_iterable(s.row_grades for s in states), float, int(length.sum()))
+    grades[cells] = np.fromiter(chain.from_iterable(map(_ROW_GRADES, states)), float, n)
     judged = np.zeros((q, width), dtype=bool)
-    judged[cells] = np.fromiter(chain.from_iterable(s.row_judged for s in states), bool, int(length.sum()))
+    judged[cells] = np.fromiter(chain.from_iterable(map(_ROW_JUDGED, states)), bool, n)
     ideal = np.zeros((q, ideal_width))
     ideal[np.arange(ideal_width) < ideal_length[:, None]] = np.fromiter(
-        chain.from_iterable(reversed(s.ideal_ascending) for s in states), float, int(ideal_length.sum()))
-    num_rel = np.fromiter((s.num_rel for s in states), dtype=np.int64, count=q)
-    num_nonrel = np.fromiter((s.num_nonrel for s in states), dtype=np.int64, count=q)
-    level = np.fromiter((s.relevance_level for s in states), dtype=float, count=q)
+        chain.from_iterable(map(reversed, ideals)), float, int(ideal_length.sum()))
+    num_rel = np.fromiter(map(_NUM_REL, states), dtype=np.int64, count=q)
+    num_nonrel = np.fromiter(map(_NUM_NONREL, states), dtype=np.int64, count=q)
+    level = np.fromiter(map(_LEVEL, states), dtype=float, count=q)
     rel = judged & (grades >= level[:, None])
     rel.flags.writeable = False  # measures may share work on it (measures._precision_at_ranks)
     return Batch(grades, judged, rel, length, ideal, num_rel, num_nonrel)

@@ -52,21 +52,24 @@ class QueryState:
         """Build the state in one go: the reference the incremental path must equal, and
         the fast path for a new query (one sort, no per-grade updates)."""
         state = cls.__new__(cls)
-        rank_of = dict(zip(ranking, range(len(ranking))))
+        rank_of = {doc: i for i, doc in enumerate(ranking)}
         if len(rank_of) != len(ranking):  # repeated ids: each keeps its first rank
             ranking = first_occurrences(ranking)
-            rank_of = dict(zip(ranking, range(len(ranking))))
+            rank_of = {doc: i for i, doc in enumerate(ranking)}
         state.ranking = list(ranking)
         state.rank_of = rank_of
         state.relevance_level = relevance_level
-        known = dict.fromkeys(ranking, float(shown_grade)) if shown_grade is not None else {}
-        known.update((doc, float(g)) for doc, g in grades.items())
+        # (fromkeys of a dict reuses its keys' hashes; zip/map build the pairs at C speed)
+        known = dict.fromkeys(rank_of, float(shown_grade)) if shown_grade is not None else {}
+        if grades:
+            known.update(zip(grades, map(float, grades.values())))
         state.grades = known
-        row = list(map(known.get, ranking))
         if shown_grade is not None:  # every shown document has a grade (the live service's case)
-            state.row_judged = [True] * len(row)
-            state.row_grades = row
+            # The shown documents are known's first keys, in rank order (update keeps a key's place).
+            state.row_grades = list(known.values())[:len(rank_of)]
+            state.row_judged = [True] * len(rank_of)
         else:
+            row = list(map(known.get, ranking))
             state.row_judged = [g is not None for g in row]
             state.row_grades = [0.0 if g is None else g for g in row]
         values = sorted(known.values())

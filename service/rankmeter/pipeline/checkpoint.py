@@ -167,10 +167,16 @@ class Checkpoint:
         payloads (a partition with only a harvest has a payload for it)."""
         records: dict[int, dict[str, bytes]] = {}
         deadlines: dict[int, dict[str, int]] = {}
-        for k, r in batch.touched.items():
-            r.layout = str(len(held[k.partition].history) - 1)
-            records.setdefault(k.partition, {})[k.query_id] = writing.encode(r)
-            deadlines.setdefault(k.partition, {})[k.query_id] = writing.deadline(r)
+        encode, deadline = writing.encode, writing.deadline
+        layouts: dict[int, str] = {}  # partition -> its layout's index (the same for all its records)
+        for (p, qid), r in batch.touched.items():
+            layout = layouts.get(p)
+            if layout is None:
+                layout = layouts[p] = str(len(held[p].history) - 1)
+                records[p], deadlines[p] = {}, {}
+            r.layout = layout
+            records[p][qid] = encode(r)
+            deadlines[p][qid] = deadline(r)
         payloads = []
         resets: dict[int, list[Reset]] = {}
         pending = {p for p, ps in held.items()

@@ -20,6 +20,7 @@ from rankmeter.source import Record
 LIST = "list:"  # partition metadata: a query assembling its list -> its time
 HARVEST_QUEUE_LIMIT = 100_000  # queries waiting per partition to be harvested; past it, new
                                # ones are not harvested (a sample: the estimate needs no more)
+_UNSEEN = object()  # a query not in the batch's `changed` yet
 
 
 def attribution_of(settings: Settings) -> Attribution:
@@ -48,19 +49,23 @@ class Joining:
         """Apply events to their records (into `touched`); `changed` holds, per query with
         an impression, the documents whose grade may have changed (None: evaluate from scratch)."""
         touched, changed, now_ms = batch.touched, batch.changed, batch.now_ms
+        attribution, max_events, feedback_time = self.attribution, self.max_events, self.pre_until is not None
         for p, events in batch.work.items():
             ps = self.held[p]
             cache = ps.records
             count = batch.count(p)
+            keys: dict[str, Touched] = {}  # one key per query, not per event (a NamedTuple is dear)
             for source, event in events:
-                key = Touched(p, event.query_id)
-                record = cache[event.query_id]
-                touched[key] = record
+                qid = event.query_id
+                key = keys.get(qid)
+                if key is None:
+                    key = keys[qid] = Touched(p, qid)
+                record = touched[key] = cache[qid]
                 if isinstance(event, Impression):
-                    outcome, waiting = apply_impression(record, event, self.attribution)
+                    outcome, waiting = apply_impression(record, event, attribution)
                     if outcome == "pending":  # its list comes from impression events
-                        ps.lists[event.query_id] = event.timestamp_ms
-                        ps.meta[LIST + event.query_id] = str(event.timestamp_ms)
+                        ps.lists[qid] = event.timestamp_ms
+                        ps.meta[LIST + qid] = str(event.timestamp_ms)
                         if record.shown:
                             _shown(ps, event.timestamp_ms, now_ms)
                         if complete(record):
@@ -69,26 +74,30 @@ class Joining:
                     count[("impressions", outcome)] += 1
                     if outcome == "applied":
                         self._applied(batch, key, record, waiting)
-                else:
-                    outcome = apply_feedback(record, event, self.attribution, self.max_events, self.pre_until is not None)
-                    if outcome == "flooded":
-                        outcome = "invalid"
-                        self.dead_letter(source, f"query {event.query_id!r} already has {self.max_events} "
-                                                 f"feedback events (limits.max_events_per_query)")
-                    if event.action == IMPRESSION_ACTION and outcome != "duplicate":
-                        known = record.header or record.impression
-                        if known is not None:
-                            _shown(ps, known.timestamp_ms, now_ms)
-                    if outcome != "pending":  # counted once, by what becomes of it
-                        count[("feedback", outcome)] += 1
-                    elif complete(record):  # the impression event that completes its list
-                        self._settle(batch, key, record)
-                    if outcome == "applied" and key not in changed:
-                        changed[key] = set()
-                    if outcome == "late" and key not in changed and self._leaves_pre_period(record, event.timestamp_ms):
-                        changed[key] = set()  # evaluated again: pipeline/covariates.py takes it out
-                    if outcome == "applied" and changed[key] is not None:
-                        changed[key].add(event.doc_id)
+                    continue
+                outcome = apply_feedback(record, event, attribution, max_events, feedback_time)
+                if outcome == "applied":  # the common case, in short (never an impression event)
+                    count[("feedback", "applied")] += 1
+                    docs = changed.get(key, _UNSEEN)
+                    if docs is _UNSEEN:  # (a set only for the query's first: setdefault would make one per event)
+                        docs = changed[key] = set()
+                    if docs is not None:
+                        docs.add(event.doc_id)
+                    continue
+                if outcome == "flooded":
+                    outcome = "invalid"
+                    self.dead_letter(source, f"query {qid!r} already has {max_events} "
+                                             f"feedback events (limits.max_events_per_query)")
+                if event.action == IMPRESSION_ACTION and outcome != "duplicate":
+                    known = record.header or record.impression
+                    if known is not None:
+                        _shown(ps, known.timestamp_ms, now_ms)
+                if outcome != "pending":  # counted once, by what becomes of it
+                    count[("feedback", outcome)] += 1
+                elif complete(record):  # the impression event that completes its list
+                    self._settle(batch, key, record)
+                if outcome == "late" and key not in changed and self._leaves_pre_period(record, event.timestamp_ms):
+                    changed[key] = set()  # evaluated again: pipeline/covariates.py takes it out
 
     def _leaves_pre_period(self, record: QueryRecord, timestamp_ms: int) -> bool:
         return (self.pre_until is not None and timestamp_ms >= self.pre_until
@@ -123,9 +132,10 @@ class Joining:
         if ps.pair_sums is not None and impression.query_hash and len(ps.harvest_queue) < HARVEST_QUEUE_LIMIT \
                 and zlib.crc32(key.query_id.encode()) < self.harvest_below:
             heapq.heappush(ps.harvest_queue, (impression.timestamp_ms + self.attribution.implicit_ms, key.query_id))
-        count = batch.count(key.partition)
-        for fb_outcome, _ in waiting:
-            count[("feedback", fb_outcome)] += 1
+        if waiting:
+            count = batch.count(key.partition)
+            for fb_outcome, _ in waiting:
+                count[("feedback", fb_outcome)] += 1
 
     def _settle(self, batch: Batch, key: Touched, record: QueryRecord) -> None:
         """Evaluate a query whose list was assembled from impression events (join.settle)."""

@@ -4,6 +4,8 @@ for the checkpoint, and the cache bounded."""
 
 from __future__ import annotations
 
+from itertools import filterfalse
+
 import msgspec
 import numpy as np
 
@@ -29,11 +31,11 @@ class Records:
     def load(self, batch: Batch) -> None:
         """Bring the records the batch needs (and the swept ones: to count orphans, or to
         settle their lists, or to harvest them) into the cache: one read for all partitions."""
-        needed = {p: [event.query_id for _, event in items] for p, items in batch.work.items()}
+        # Each query once, in first-seen order (the cache's order: `trim` drops its oldest).
+        needed = {p: {event.query_id: None for _, event in items} for p, items in batch.work.items()}
         for p, qids in batch.swept().items():
-            needed.setdefault(p, []).extend(qids)
-        wanted = {p: [q for q in dict.fromkeys(qids) if q not in self.held[p].records]
-                  for p, qids in needed.items()}
+            needed.setdefault(p, {}).update(dict.fromkeys(qids))
+        wanted = {p: list(filterfalse(self.held[p].records.__contains__, qids)) for p, qids in needed.items()}
         wanted = {p: qids for p, qids in wanted.items() if qids}
         if not wanted:
             return

@@ -40,16 +40,15 @@ class Scoring:
         keys = list(changed)
         if not keys:
             return
-        records = [batch.touched[k] for k in keys]
+        records = list(map(batch.touched.__getitem__, keys))
+        level = self.level
         states = []
-        for k, record in zip(keys, records):
-            cache = self.held[k.partition].states
-            state = cache.get(k.query_id)
-            docs = changed[k]
+        for (p, qid), record, docs in zip(keys, records, changed.values()):
+            cache = self.held[p].states
+            state = cache.get(qid)
             if state is None or docs is None:
-                state = QueryState.from_grades(record.impression.results, record.grades(),
-                                               self.level, shown_grade=0)
-                cache[k.query_id] = state
+                state = cache[qid] = QueryState.from_grades(record.impression.results, record.grades(),
+                                                            level, shown_grade=0)
             else:  # incremental: only the documents this batch's feedback touched
                 for doc in docs:
                     state.set_grade(doc, record.grade(doc))
@@ -74,13 +73,13 @@ class Scoring:
         deltas = self.layout.contributions(values, nums, dens, judged) - previous
 
         # Sum the deltas per bucket first: a batch touches few buckets and many queries.
-        buckets = [(k.partition, r.ranker_label, r.segment_label, r.impression.timestamp_ms // MINUTE_MS)
-                   for k, r in zip(keys, records)]
+        buckets = [(p, r.ranker_label, r.segment_label, r.impression.timestamp_ms // MINUTE_MS)
+                   for (p, _), r in zip(keys, records)]
         index = {b: i for i, b in enumerate(dict.fromkeys(buckets))}
         # Rows grouped by bucket (a stable sort), summed per group: several times faster
         # than np.add.at; the same sums to rounding (reduceat adds in its own order: the
         # last bits may differ, counts are exact).
-        rows = np.array([index[b] for b in buckets])
+        rows = np.fromiter(map(index.__getitem__, buckets), np.intp, len(buckets))
         order = np.argsort(rows, kind="stable")
         starts = np.flatnonzero(np.diff(rows[order], prepend=-1))
         totals = np.add.reduceat(deltas[order], starts, axis=0)
