@@ -89,14 +89,14 @@ def mutated(draw, fields: dict) -> bytes:
     """A message with a few bytes changed, cut, or a key repeated."""
     data = bytearray(draw(messages(fields)))
     for _ in range(draw(st.integers(1, 3))):
-        i = draw(st.integers(0, max(len(data) - 1, 0)))
+        i = draw(st.integers(0, len(data)))  # (len: bytes after the end)
         kind = draw(st.integers(0, 3))
-        if kind == 0 and data:
+        if kind == 0 and i < len(data):
             data[i] = draw(st.integers(0, 255))
         elif kind == 1:
             del data[i:]
         elif kind == 2:
-            data[i:i] = draw(st.sampled_from([b" ", b",", b'"', b"\\", b"0", b"-", b"}", b"]", b"null", b"1e3"]))
+            data[i:i] = draw(st.sampled_from([b" ", b",", b'"', b"\\", b"0", b"-", b"}", b"]", b"null", b"1e3", b"x", b"{}"]))
         elif data.endswith(b"}") and b":" in data:
             data[-1:] = b', "' + draw(st.sampled_from(list(fields))).encode() + b'": "x"}'
     return bytes(data)
@@ -133,6 +133,83 @@ def test_damaged_messages_as_the_python_decoder(value: bytes, kind: str) -> None
     check(kind, value)
 
 
+RULES = BOTH[0][1].rules
+PAST, FUTURE = NOW - RULES.max_past_ms, NOW + RULES.max_future_ms
+
+
+def feedback(**fields) -> bytes:
+    return json.dumps({"query_id": "q", "timestamp": NOW, "action": "click", "doc_id": "d", "event_id": "e",
+                       **fields}).encode()
+
+
+def impression(**fields) -> bytes:
+    return json.dumps({"query_id": "q", "ranker": "r", "timestamp": NOW, "results": ["a", "b"], **fields}).encode()
+
+
+# Each rule's bound, at it and one past it: (kind, message, whether the C path takes it).
+# Past a bound the Python path refuses (C leaves it), or C is stricter by design (19 digits).
+BOUNDS = [
+    ("feedback", feedback(query_id="x" * 256), True), ("feedback", feedback(query_id="x" * 257), False),
+    ("feedback", feedback(doc_id="x" * 512), True), ("feedback", feedback(doc_id="x" * 513), False),
+    ("feedback", feedback(event_id="x" * 512), True), ("feedback", feedback(event_id="x" * 513), False),
+    ("feedback", feedback(event_id=""), False), ("feedback", feedback(doc_id=""), False),
+    ("feedback", feedback(query_id=""), False), ("feedback", feedback(query_id="q\x7f"), False),
+    ("feedback", feedback(query_id="q\x7e"), True),
+    ("feedback", feedback(timestamp=PAST), True), ("feedback", feedback(timestamp=PAST - 1), False),
+    ("feedback", feedback(timestamp=FUTURE), True), ("feedback", feedback(timestamp=FUTURE + 1), False),
+    ("feedback", feedback(dwell_ms=RULES.long_dwell_ms), True), ("feedback", feedback(dwell_ms=RULES.long_dwell_ms - 1), True),
+    ("feedback", feedback(dwell_ms=0), True), ("feedback", feedback(dwell_ms=-1), False),
+    ("feedback", feedback(position=1), True), ("feedback", feedback(position=0), False),
+    ("feedback", feedback(action="judgment", grade=1000), True), ("feedback", feedback(action="judgment", grade=1001), False),
+    ("feedback", feedback(action="judgment", grade=0), True), ("feedback", feedback(action="judgment", grade=-1), False),
+    ("feedback", feedback(action="judgment"), False), ("feedback", feedback(action="judgment", label="Exact"), False),
+    ("feedback", feedback(action="impression", position=3), True), ("feedback", feedback(action="impression"), False),
+    ("feedback", feedback(action="unknown"), False), ("feedback", feedback(action="purchase", grade=7), True),
+    ("feedback", feedback(position=10 ** 17), True), ("feedback", feedback(position=10 ** 18), False),
+    ("feedback", feedback().replace(b'"e"}', b'"e", "position": 01}'), False),
+    ("feedback", feedback().replace(b'"e"}', b'"e", "position": 1.0}'), False),
+    ("feedback", feedback().replace(b'"e"}', b'"e", "position": -0}'), False),
+    ("feedback", feedback() + b"x", False), ("feedback", feedback() + b" \n", True),
+    ("feedback", b" \t" + feedback(), True), ("feedback", b"\xef\xbb\xbf" + feedback(), False),
+    ("impression", impression(query_id="x" * 256), True), ("impression", impression(query_id="x" * 257), False),
+    ("impression", impression(ranker="x" * 128), True), ("impression", impression(ranker="x" * 129), False),
+    ("impression", impression(ranker=""), False), ("impression", impression(ranker="r\x7f"), False),
+    ("impression", impression(segment="x" * 128), True), ("impression", impression(segment="x" * 129), False),
+    ("impression", impression(results=["x" * 512]), True), ("impression", impression(results=["x" * 513]), False),
+    ("impression", impression(results=[]), True), ("impression", impression(results=["a", "b", "a"]), True),
+    ("impression", impression(timestamp=PAST), True), ("impression", impression(timestamp=PAST - 1), False),
+    ("impression", impression(timestamp=FUTURE), True), ("impression", impression(timestamp=FUTURE + 1), False),
+    ("impression", impression(interleaving=None, segment=None, user_query="Red  Shoes", session_id="s"), True),
+    ("impression", impression() + b"{}", False),
+]
+
+
+@pytest.mark.parametrize("kind, value, taken", BOUNDS)
+def test_every_bound_as_the_python_decoder(kind: str, value: bytes, taken: bool) -> None:
+    native, python = BOTH[0]
+    expected = getattr(python, kind)(value, NOW)
+    fast = getattr(native.plain, kind)(value, NOW)
+    assert (fast is not None) == taken, (value, expected)
+    if fast is not None:
+        assert type(fast) is type(expected) and repr(fast) == repr(expected)
+    check(kind, value)
+
+
+def test_results_at_the_limit_counted_before_repeats_are_dropped() -> None:
+    native, python = BOTH[1]  # limits.max_results: 5
+    for results, taken in ((["a", "b", "c", "d", "e"], True), (["a", "b", "c", "d", "e", "a"], False)):
+        value = impression(results=results)
+        fast = native.plain.impression(value, NOW)
+        assert (fast is not None) == taken
+        assert repr(native.impression(value, NOW)) == repr(python.impression(value, NOW))
+
+
+def test_a_decoder_not_initialised_raises_instead_of_crashing() -> None:
+    blank = _events.Decoder.__new__(_events.Decoder)
+    with pytest.raises(RuntimeError):
+        blank.feedback(feedback(), NOW)
+
+
 def test_not_bytes_nor_json_is_left_to_python() -> None:
     native, _ = BOTH[0]
     for value in (None, b"", b"{", b"[]", b"null", b"{}", "{}", bytearray(b"{}"), b"\xef\xbb\xbf{}"):
@@ -164,3 +241,18 @@ def test_user_ids_and_query_texts_hashed_as_in_python() -> None:
     fast = native.plain.impression(value, NOW)
     assert fast is not None and fast.user_hash != -1 and fast.query_hash and fast.results == ["a", "b"]
     assert repr(fast) == repr(python.impression(value, NOW))
+
+
+def test_a_failing_call_back_raises_its_own_error_not_a_system_error() -> None:
+    """Python is never called with an exception set (a SystemError then hides the cause)."""
+    def failing(value):
+        raise ValueError("no hash today")
+
+    rules = BOTH[1][1].rules
+    plain = _events.Decoder(Feedback, Impression, rules.grades, rules.long_dwell_ms, rules.long_dwell_grade,
+                            rules.max_past_ms, rules.max_future_ms, rules.max_results, 1000.0, True,
+                            failing, failing, failing)
+    with pytest.raises(ValueError, match="no hash today"):
+        plain.impression(impression(user_query="shoes", client_id="u"), NOW)
+    native, python = BOTH[1]  # and the decoder falls back to Python on any error of the C path
+    assert repr(native.impression(impression(user_query="shoes"), NOW)) == repr(python.impression(impression(user_query="shoes"), NOW))

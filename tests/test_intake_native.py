@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import rankmeter.events.decoder as decoder_module
 from rankmeter import config
 from rankmeter.pipeline import Pipeline
-from rankmeter.source import Bus
+from rankmeter.source import Bus, Record
 from rankmeter.store import MemoryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,3 +116,166 @@ def test_both_ways_of_reading_were_compared() -> None:
     if not RUNS:
         test_with_and_without_the_c_decoder_the_same_state()
     assert RUNS["one by one"] >= 500 and RUNS["records"] - RUNS["one by one"] >= 5000, RUNS
+
+
+# ---- offsets: gaps, replays, partitions not held, other topics, a failing bounds query ----
+
+def _pipeline(settings, native: bool, letters: list, bounds, wall=lambda: 1000.0):
+    with pytest.MonkeyPatch().context() as patch:
+        if not native:
+            patch.setattr(decoder_module, "_plain_decoder", lambda rules: None)
+        pipeline = Pipeline(settings, MemoryStore(), lambda r, why: letters.append((r.topic, r.partition, r.offset, why)),
+                            lambda: NOW_MS / 1000, wall, bounds=bounds)
+    assert (pipeline._intake.decoder.plain is not None) == native
+    return pipeline
+
+
+def _records(rnd: random.Random, n: int) -> list[Record]:
+    """Records as a poll may hand them: mostly each partition's next, sometimes a gap or a
+    replay, a partition not held (3), a topic not ours, wrong keys, tombstones, damage."""
+    impressions, feedback = TOPIC["impressions"], TOPIC["feedback"]
+    out, offsets = [], {}
+    for _ in range(n):
+        topic = rnd.choice([impressions, impressions, feedback, feedback, feedback, "other"])
+        partition, q = rnd.randrange(4), f"q{rnd.randint(0, 30)}"
+        key = rnd.choice([q.encode()] * 8 + [None, b"zz"])
+        if topic == impressions:
+            value = {"query_id": q, "ranker": rnd.choice("ab"), "timestamp": NOW_MS - rnd.randint(0, 10 ** 6),
+                     "results": [f"d{rnd.randint(0, 5)}" for _ in range(rnd.randint(0, 6))]}
+            if rnd.random() < 0.2:
+                value["client_id"] = f"u{rnd.randint(0, 9)}"
+        else:
+            value = {"query_id": q, "timestamp": NOW_MS - rnd.randint(0, 10 ** 6), "doc_id": f"d{rnd.randint(0, 5)}",
+                     "action": rnd.choice(["click", "purchase", "impression", "judgment", "zzz"]),
+                     "event_id": f"e{rnd.randint(0, 50)}"}
+            for field, p, values in (("position", 0.5, range(5)), ("grade", 0.3, range(4)), ("dwell_ms", 0.2, (0, 40_000))):
+                if rnd.random() < p:
+                    value[field] = rnd.choice(values)
+        data = json.dumps(value).encode()
+        if rnd.random() < 0.05:
+            data = rnd.choice([b"", b"{", None, '{"query_id":"é"}'.encode()])
+        offset, u = offsets.get((topic, partition), 0), rnd.random()
+        if u < 0.04:
+            offset += rnd.randint(2, 5)  # a gap: the log was truncated, or compacted
+        elif u < 0.07:
+            offset = max(0, offset - rnd.randint(1, 5))  # a replay
+        offsets[(topic, partition)] = offset + 1
+        out.append(Record(topic, partition, offset, key, data, [], NOW_MS))
+    if rnd.random() < 0.5:
+        out.sort(key=lambda r: (r.partition, r.topic))  # (stable: each partition's in order)
+    return out
+
+
+def _state(pipeline: Pipeline, letters: list, store: MemoryStore) -> tuple:
+    views = sorted((v.ranker, v.window, sorted(v.sums.items())) for v in pipeline.views())
+    held = {p: (dict(ps.offsets), dict(ps.watermarks), ps.shown_wall_ms) for p, ps in pipeline.partitions.items()}
+    return (dict(pipeline.events), letters, store.records, store.buckets, store.meta, views, held,
+            sorted(pipeline.ledger.stopped), sorted(pipeline.ledger.recheck))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gaps_replays_and_partitions_not_held_the_same_with_and_without_c(seed: int) -> None:
+    rnd = random.Random(seed)
+    records = _records(rnd, rnd.randint(50, 600))
+    sizes = [rnd.randint(1, 200) for _ in range(5)]
+    states = []
+    for native in (True, False):
+        failing = random.Random(seed)
+
+        def bounds(partitions: list[int]) -> dict:
+            if failing.random() < 0.01:
+                raise RuntimeError("the log's bounds cannot be read now")
+            return {(t, p): (0, 10 ** 6) for t in TOPIC.values() for p in partitions}
+
+        letters: list = []
+        pipeline = _pipeline(SETTINGS, native, letters, bounds)
+        pipeline.assign([0, 1, 2])
+        start = k = 0
+        while start < len(records):
+            pipeline.process(records[start:start + sizes[k % len(sizes)]])
+            start, k = start + sizes[k % len(sizes)], k + 1
+        states.append(_state(pipeline, letters, pipeline.store))
+    assert states[0] == states[1]
+
+
+@pytest.mark.parametrize("policy", ["refuse", "resume"])
+@pytest.mark.parametrize("seed", range(8))
+def test_recreated_truncated_topics_and_a_restart_the_same_with_and_without_c(policy: str, seed: int) -> None:
+    settings = config.load(None, {"RANKMETER_KAFKA_ON_OFFSETS_RESET": policy})
+    impressions, feedback = settings.kafka.impressions_topic, settings.kafka.feedback_topic
+    states = []
+    for native in (True, False):
+        rnd, bus, store, letters = random.Random(seed), Bus(partitions=2), MemoryStore(), []
+
+        def started() -> Pipeline:
+            with pytest.MonkeyPatch().context() as patch:
+                if not native:
+                    patch.setattr(decoder_module, "_plain_decoder", lambda rules: None)
+                pipeline = Pipeline(settings, store, lambda r, why: letters.append((r.topic, r.partition, r.offset, why)),
+                                    lambda: NOW_MS / 1000, lambda: 1000.0, bounds=bus.bounds)
+            bus.subscribe([impressions, feedback], pipeline.assign, pipeline.revoke)
+            return pipeline
+
+        def send(n: int, base: int) -> None:
+            for i in range(n):
+                q = f"q{base + i}"
+                bus.send(impressions, q.encode(), json.dumps({"query_id": q, "ranker": rnd.choice("ab"),
+                                                              "timestamp": NOW_MS - 5000 + i,
+                                                              "results": ["d1", "d2", "d3"]}).encode())
+                for k in range(rnd.randint(0, 2)):
+                    bus.send(feedback, rnd.choice([q.encode()] * 5 + [b"x"]), json.dumps(
+                        {"query_id": q, "timestamp": NOW_MS - 4000 + i, "action": rnd.choice(["click", "judgment"]),
+                         "grade": rnd.randint(0, 3), "doc_id": f"d{rnd.randint(1, 3)}", "event_id": f"{q}-{k}"}).encode())
+
+        def drain(pipeline: Pipeline, n: int) -> None:
+            while records := bus.poll(0, rnd.randint(1, n)):
+                pipeline.process(records)
+
+        first = started()
+        send(40, 0)
+        drain(first, 50)
+        bus.recreate(feedback)
+        send(20, 100)
+        drain(first, 30)
+        bus.truncate(impressions, 0, 5)
+        send(10, 200)
+        drain(first, 7)
+        second = started()  # a restart from the store: what was not checkpointed is read again
+        send(15, 300)
+        drain(second, 40)
+        bus.recreate(impressions)
+        send(10, 400)
+        drain(second, 9)
+        states.append((dict(first.events), _state(second, letters, store)))
+    assert states[0] == states[1]
+
+
+def _one_run(settings, values: list[bytes], topic: str) -> list[tuple]:
+    """One partition's records on `topic`, read with and without C: each way's state."""
+    records = [Record(topic, 0, i, b"q", value, [], NOW_MS) for i, value in enumerate(values)]
+    states = []
+    for native in (True, False):
+        letters: list = []
+        wall = [1000.0]  # at the claim (which marks the partition shown too) ...
+        pipeline = _pipeline(settings, native, letters, lambda partitions: {}, lambda: wall[0])
+        pipeline.assign([0])
+        wall[0] = 2000.0  # ... and as the batch is read
+        pipeline.process(records)
+        states.append(_state(pipeline, letters, pipeline.store))
+    return states
+
+
+def test_an_impression_event_marks_its_partition_shown_either_way() -> None:
+    event = {"query_id": "q", "timestamp": NOW_MS, "action": "impression", "doc_id": "d", "position": 1}
+    values = [json.dumps(dict(event, event_id=f"e{i}")).encode() for i in range(3)]
+    native, python = _one_run(SETTINGS, values, TOPIC["feedback"])
+    assert native == python and native[6][0][2] == 2000.0 * 1000  # (the wall clock's, in ms)
+
+
+def test_one_topic_for_both_streams_reads_impressions_first_either_way() -> None:
+    settings = config.load(None, {"RANKMETER_KAFKA_FEEDBACK_TOPIC": TOPIC["impressions"]})
+    impression = {"query_id": "q", "ranker": "r", "timestamp": NOW_MS, "results": ["d"]}
+    click = {"query_id": "q", "timestamp": NOW_MS, "action": "click", "doc_id": "d", "event_id": "e"}
+    native, python = _one_run(settings, [json.dumps(impression).encode(), json.dumps(click).encode()],
+                              TOPIC["impressions"])
+    assert native == python and native[0][("impressions", "invalid")] == 1

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankmeter.kafka import confluent
-from rankmeter.source import Record
+from rankmeter.source import NO_HEADERS, Record
 
 try:
     from rankmeter import _events
@@ -36,7 +36,7 @@ messages = st.lists(st.builds(
 
 def python_records(batch: list) -> list[Record]:
     return [tuple.__new__(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                   m.headers() or confluent._NO_HEADERS, m.timestamp()[1]))
+                                   m.headers() or NO_HEADERS, m.timestamp()[1]))
             for m in batch if m.error() is None]
 
 
@@ -50,5 +50,21 @@ def test_the_newest_timestamps_as_in_python(batch: list, known: dict) -> None:
         if r.timestamp > expected.get((r.topic, r.partition), -1):
             expected[(r.topic, r.partition)] = r.timestamp
     got = dict(known)
-    _events.newest(records, got)
+    assert _events.newest(records, got, Record) is True
     assert got == expected
+
+
+def test_records_of_another_type_are_left_to_python() -> None:
+    """kafka-python's ConsumerRecord has other fields at Record's places: never read by index."""
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    other = ConsumerRecord("t", 0, -1, 5, 1000, 0, b"k", b"v", [], None, 1, 1, -1)
+    record = Record("t", 0, 5, b"k", b"v", [], 1000)
+    into: dict = {}
+    assert _events.newest([record, other], into, Record) is False and into == {}
+    assert _events.run_end([other, other], 0, Record) == 1 and _events.run_end([record, other], 0, Record) == 1
+
+
+def test_an_unhashable_partition_raises_type_error() -> None:
+    with pytest.raises(TypeError, match="unhashable"):
+        _events.newest([Record("t", [1], 0, None, b"", [], 5)], {}, Record)

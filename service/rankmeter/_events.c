@@ -345,6 +345,8 @@ static PyObject *decode_impression(Decoder *d, const char *data, Py_ssize_t size
     args[6] = PyList_New(0);                        /* teams */
     args[7] = Py_NewRef(Py_False);                  /* assemble */
     args[8] = PyLong_FromLong(0);                   /* expected */
+    for (int i = 0; i < 9; i++)
+        if (args[i] == NULL) goto done;  /* (no Python called with an exception set) */
     if (f[I_USER_QUERY].kind == STR && f[I_USER_QUERY].n > 0) {
         PyObject *query = text(&f[I_USER_QUERY]);
         args[9] = query ? PyObject_CallOneArg(d->query_hash, query) : NULL;
@@ -352,6 +354,7 @@ static PyObject *decode_impression(Decoder *d, const char *data, Py_ssize_t size
     } else {
         args[9] = PyUnicode_FromStringAndSize("", 0);
     }
+    if (args[9] == NULL) goto done;
     if (f[I_CLIENT_ID].kind == STR && f[I_CLIENT_ID].n > 0 && d->by_user) {
         PyObject *client = text(&f[I_CLIENT_ID]);
         args[11] = client ? PyObject_CallOneArg(d->user_hash, client) : NULL;
@@ -361,16 +364,22 @@ static PyObject *decode_impression(Decoder *d, const char *data, Py_ssize_t size
         args[10] = PyLong_FromLong(-1);
         args[11] = PyLong_FromLong(-1);
     }
-    int ready = 1;
-    for (int i = 0; i < 12; i++) ready = ready && args[i] != NULL;
-    if (ready) event = PyObject_Vectorcall(d->impression_type, args, 12, NULL);
+    if (args[10] != NULL && args[11] != NULL) event = PyObject_Vectorcall(d->impression_type, args, 12, NULL);
+done:
     for (int i = 0; i < 12; i++) Py_XDECREF(args[i]);
     return event;
 }
 
 typedef PyObject *(*decode_fn)(Decoder *, const char *, Py_ssize_t, long long, PyObject *, Seen *);
 
+static int ready(const Decoder *d) {
+    if (d->grades != NULL) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "rankmeter._events.Decoder used before its __init__");
+    return 0;
+}
+
 static PyObject *call(Decoder *d, PyObject *const *args, Py_ssize_t nargs, decode_fn decode) {
+    if (!ready(d)) return NULL;
     if (nargs != 2 || !PyBytes_Check(args[0])) Py_RETURN_NONE;
     long long now_ms = PyLong_AsLongLong(args[1]);
     if (now_ms == -1 && PyErr_Occurred()) return NULL;
@@ -386,19 +395,32 @@ static PyObject *Decoder_impression(Decoder *d, PyObject *const *args, Py_ssize_
     return call(d, args, nargs, decode_impression);
 }
 
-/* Record (source.py): a tuple (topic, partition, offset, key, value, ...). */
-enum { R_TOPIC, R_PARTITION, R_OFFSET, R_KEY, R_VALUE, R_FIELDS };
+/* Record (source.py), the type each function is given: a tuple (topic, partition, offset,
+   key, value, headers, timestamp). Anything else (kafka-python's ConsumerRecord has other
+   fields at those places) is never read by index. */
+enum { R_TOPIC, R_PARTITION, R_OFFSET, R_KEY, R_VALUE, R_HEADERS, R_TIMESTAMP, R_FIELDS };
 
-static int is_record(PyObject *r) { return PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= R_FIELDS; }
+static int is_record(PyObject *r, PyObject *type) {
+    return (PyObject *)Py_TYPE(r) == type && PyTuple_GET_SIZE(r) == R_FIELDS;
+}
 
-/* run_end(records, start) -> stop: records[start:stop] are one topic's partition's records,
-   their offsets one after another (start < stop; a record not a Record is a run alone). */
+static int is_record_type(PyObject *type) {
+    if (PyType_Check(type) && PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) return 1;
+    PyErr_SetString(PyExc_TypeError, "record_type must be a tuple type (source.Record)");
+    return 0;
+}
+
+/* run_end(records, start, record_type) -> stop: records[start:stop] are one topic's
+   partition's records, their offsets one after another (start < stop; anything not a
+   record_type is a run alone). */
 static PyObject *run_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t start;
-    if (nargs != 2 || !PyList_Check(args[0]) || (start = PyLong_AsSsize_t(args[1])) < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "run_end(records: list, start: int)");
+    if (nargs != 3 || !PyList_Check(args[0]) || (start = PyLong_AsSsize_t(args[1])) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "run_end(records: list, start: int, record_type)");
         return NULL;
     }
+    PyObject *type = args[2];
+    if (!is_record_type(type)) return NULL;
     PyObject *records = args[0];
     Py_ssize_t n = PyList_GET_SIZE(records), stop = start + 1;
     if (start >= n) {
@@ -406,13 +428,13 @@ static PyObject *run_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         return NULL;
     }
     PyObject *first = PyList_GET_ITEM(records, start);
-    if (!is_record(first)) return PyLong_FromSsize_t(stop);
+    if (!is_record(first, type)) return PyLong_FromSsize_t(stop);
     PyObject *topic = PyTuple_GET_ITEM(first, R_TOPIC), *partition = PyTuple_GET_ITEM(first, R_PARTITION);
     long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(first, R_OFFSET));
     if (offset == -1 && PyErr_Occurred()) return NULL;
     for (; stop < n; stop++) {
         PyObject *r = PyList_GET_ITEM(records, stop);
-        if (!is_record(r)) break;
+        if (!is_record(r, type)) break;
         PyObject *t = PyTuple_GET_ITEM(r, R_TOPIC), *p = PyTuple_GET_ITEM(r, R_PARTITION);
         if (t != topic) {
             int same = PyObject_RichCompareBool(t, topic, Py_EQ);
@@ -431,7 +453,7 @@ static PyObject *run_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     return PyLong_FromSsize_t(stop);
 }
 
-/* run(records, start, stop, now_ms, feedback) -> (events, misses, newest_ms, shown):
+/* run(records, start, stop, now_ms, feedback, record_type) -> (events, misses, newest_ms, shown):
    records[start:stop] decoded as impressions, or feedback events, each keyed by its
    query_id; events[i] None where the plain case does not hold, `misses` those i (the
    Python decoder's to decode and word); newest_ms the latest event time of the others
@@ -440,10 +462,13 @@ static PyObject *Decoder_run(Decoder *d, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t start, stop;
     long long now_ms;
     int feedback;
-    if (nargs != 5 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "run(records: list, start, stop, now_ms, feedback)");
+    if (!ready(d)) return NULL;
+    if (nargs != 6 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "run(records: list, start, stop, now_ms, feedback, record_type)");
         return NULL;
     }
+    PyObject *type = args[5];
+    if (!is_record_type(type)) return NULL;
     if ((start = PyLong_AsSsize_t(args[1])) == -1 || (stop = PyLong_AsSsize_t(args[2])) == -1
         || ((now_ms = PyLong_AsLongLong(args[3])) == -1 && PyErr_Occurred()) || (feedback = PyObject_IsTrue(args[4])) < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run: start and stop must be >= 0");
@@ -465,7 +490,7 @@ static PyObject *Decoder_run(Decoder *d, PyObject *const *args, Py_ssize_t nargs
     int shown = 0;
     for (Py_ssize_t i = start; i < stop; i++) {
         PyObject *r = PyList_GET_ITEM(records, i), *event = Py_None;
-        if (is_record(r) && PyBytes_Check(PyTuple_GET_ITEM(r, R_VALUE))) {
+        if (is_record(r, type) && PyBytes_Check(PyTuple_GET_ITEM(r, R_VALUE))) {
             PyObject *value = PyTuple_GET_ITEM(r, R_VALUE);
             Seen seen;
             event = decode(d, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), now_ms, PyTuple_GET_ITEM(r, R_KEY),
@@ -495,38 +520,41 @@ error:
     return NULL;
 }
 
-/* newest(records, into): into[(topic, partition)] raised to each record's Kafka timestamp
-   (field 6) above it (lag.py `Lag.see`), once per run of one partition's records. */
+/* newest(records, into, record_type) -> bool: into[(topic, partition)] raised to each
+   record's Kafka timestamp above it (lag.py `Lag.see`), once per run of one partition's
+   records; False, nothing done, when one is not a record_type. */
 static PyObject *newest(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "newest(records: list, into: dict)");
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "newest(records: list, into: dict, record_type)");
         return NULL;
     }
-    PyObject *records = args[0], *into = args[1];
+    PyObject *records = args[0], *into = args[1], *type = args[2];
+    if (!is_record_type(type)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(records), i = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (!is_record(PyList_GET_ITEM(records, k), type)) Py_RETURN_FALSE;
     while (i < n) {
         PyObject *r = PyList_GET_ITEM(records, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < R_FIELDS + 2) {
-            PyErr_SetString(PyExc_TypeError, "newest: not a Record");
-            return NULL;
-        }
         PyObject *topic = PyTuple_GET_ITEM(r, R_TOPIC), *partition = PyTuple_GET_ITEM(r, R_PARTITION);
-        PyObject *top = PyTuple_GET_ITEM(r, R_FIELDS + 1);
+        PyObject *top = PyTuple_GET_ITEM(r, R_TIMESTAMP);
         for (i++; i < n; i++) {  /* the run's greatest timestamp */
             PyObject *next = PyList_GET_ITEM(records, i);
-            if (!PyTuple_Check(next) || PyTuple_GET_SIZE(next) < R_FIELDS + 2) break;
             int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(next, R_TOPIC), topic, Py_EQ);
             if (same > 0) same = PyObject_RichCompareBool(PyTuple_GET_ITEM(next, R_PARTITION), partition, Py_EQ);
             if (same < 0) return NULL;
             if (!same) break;
-            int greater = PyObject_RichCompareBool(PyTuple_GET_ITEM(next, R_FIELDS + 1), top, Py_GT);
+            int greater = PyObject_RichCompareBool(PyTuple_GET_ITEM(next, R_TIMESTAMP), top, Py_GT);
             if (greater < 0) return NULL;
-            if (greater) top = PyTuple_GET_ITEM(next, R_FIELDS + 1);
+            if (greater) top = PyTuple_GET_ITEM(next, R_TIMESTAMP);
         }
         PyObject *key = PyTuple_Pack(2, topic, partition);
         if (key == NULL) return NULL;
         PyObject *known = PyDict_GetItemWithError(into, key);
-        int greater = known == NULL ? !PyErr_Occurred() : PyObject_RichCompareBool(top, known, Py_GT);
+        if (known == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        int greater = known == NULL ? 1 : PyObject_RichCompareBool(top, known, Py_GT);
         if (known == NULL && greater) {  /* absent: -1 is below it, as `newest.get(key, -1)` */
             PyObject *minus_one = PyLong_FromLong(-1);
             greater = minus_one ? PyObject_RichCompareBool(top, minus_one, Py_GT) : -1;
@@ -538,7 +566,7 @@ static PyObject *newest(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
         }
         Py_DECREF(key);
     }
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static int Decoder_init(Decoder *d, PyObject *args, PyObject *Py_UNUSED(kwargs)) {
@@ -591,7 +619,7 @@ static PyMethodDef Decoder_methods[] = {
     {"impression", (PyCFunction)(void (*)(void))Decoder_impression, METH_FASTCALL,
      "impression(value, now_ms): the Impression of a plain native message, or None"},
     {"run", (PyCFunction)(void (*)(void))Decoder_run, METH_FASTCALL,
-     "run(records, start, stop, now_ms, feedback) -> (events, misses, newest_ms, shown)"},
+     "run(records, start, stop, now_ms, feedback, record_type) -> (events, misses, newest_ms, shown)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -609,9 +637,9 @@ static PyTypeObject DecoderType = {
 
 static PyMethodDef module_methods[] = {
     {"run_end", (PyCFunction)(void (*)(void))run_end, METH_FASTCALL,
-     "run_end(records, start) -> stop: the end of one topic's partition's run of consecutive offsets"},
+     "run_end(records, start, record_type) -> stop: the end of one topic's partition's run of consecutive offsets"},
     {"newest", (PyCFunction)(void (*)(void))newest, METH_FASTCALL,
-     "newest(records, into): into[(topic, partition)] raised to the records' Kafka timestamps"},
+     "newest(records, into, record_type) -> bool: into[(topic, partition)] raised to the records' Kafka timestamps"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,9 +33,8 @@ class Lag:
     def see(self, records: list[Record]) -> None:
         if isinstance(self.clock, EventClock):
             self.clock.see(records)
-        if _newest is not None and isinstance(records, list):  # the same in C, once per partition's run
-            _newest(records, self.newest)
-            return
+        if _newest is not None and isinstance(records, list) and _newest(records, self.newest, Record):
+            return  # (the same in C, once per partition's run)
         newest = self.newest
         for r in records:
             if r.timestamp > newest.get((r.topic, r.partition), -1):

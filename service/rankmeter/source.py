@@ -24,6 +24,9 @@ class Record(NamedTuple):
     timestamp: int = -1  # the Kafka record timestamp (ms), as kafka-python's ConsumerRecord names it
 
 
+NO_HEADERS: list[tuple[str, bytes]] = []  # a record's no headers: shared, never changed (as Record's own default)
+
+
 # Called with partition numbers (the topics are co-partitioned): assignment returns the
 # stored (topic, partition) -> offset to resume from; a partition it leaves out is paused
 # (the pipeline refused it: its stored state is lost).

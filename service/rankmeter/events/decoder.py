@@ -97,11 +97,12 @@ def _plain_decoder(rules: Rules):
     """rankmeter._events' decoder with these rules, or None without the module."""
     try:
         from rankmeter._events import Decoder as PlainDecoder
-    except ImportError:
+
+        return PlainDecoder(Feedback, Impression, rules.grades, rules.long_dwell_ms, rules.long_dwell_grade,
+                            rules.max_past_ms, rules.max_future_ms, rules.max_results, MAX_GRADE, rules.by_user,
+                            query_hash, user_hash, bucket_of)
+    except Exception:  # not built, or built from another version of _events.c (another signature)
         return None
-    return PlainDecoder(Feedback, Impression, rules.grades, rules.long_dwell_ms, rules.long_dwell_grade,
-                        rules.max_past_ms, rules.max_future_ms, rules.max_results, MAX_GRADE, rules.by_user,
-                        query_hash, user_hash, bucket_of)
 
 
 def _interleaved(impression: Impression, shown: list[str], il: Interleaving) -> Impression | Rejected:

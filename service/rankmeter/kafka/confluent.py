@@ -30,7 +30,7 @@ from rankmeter.kafka.common import (COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, PRODUCE_
                                     KafkaUnreachable, copartitioned, librdkafka_settings,
                                     librdkafka_text)
 from rankmeter.kafka.producer import ConfluentProducer, Outbox, Producer
-from rankmeter.source import OnAssign, OnRevoke, Record
+from rankmeter.source import NO_HEADERS, OnAssign, OnRevoke, Record
 
 log = logging.getLogger("rankmeter.kafka")
 librdkafka_log = logging.getLogger("librdkafka")  # the library's own lines, as kafka-python's are "kafka"
@@ -291,18 +291,17 @@ class ConfluentSource:
 
 
 _new = tuple.__new__
-_NO_HEADERS: list[tuple[str, bytes]] = []  # shared, never changed (as Record's own default)
 
 
 def _record(m: Message) -> Record:
-    return _new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or _NO_HEADERS,
+    return _new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or NO_HEADERS,
                          m.timestamp()[1]))
 
 
 def _records(messages: list[Message]) -> list[Record]:
     # The hot path, a few method calls a record: tuple.__new__ skips NamedTuple's Python-level
     # __new__ (measured: 15% of the conversion).
-    return [_new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or _NO_HEADERS,
+    return [_new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or NO_HEADERS,
                           m.timestamp()[1])) for m in messages if m.error() is None]
 
 

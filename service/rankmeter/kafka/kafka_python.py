@@ -24,8 +24,9 @@ from kafka.structs import OffsetAndMetadata
 from rankmeter.config import Kafka as KafkaSettings
 from rankmeter.kafka.common import COMMITTED_TIMEOUT_MS, LAG_SETTLE_S, CoordinatorWatch, copartitioned, known
 from rankmeter.kafka.producer import DEAD_LETTERS, KafkaPythonProducer, Outbox, Producer
-from rankmeter.source import OnAssign, OnRevoke, Record
+from rankmeter.source import NO_HEADERS, OnAssign, OnRevoke, Record
 
+_new = tuple.__new__
 log = logging.getLogger("rankmeter.kafka")
 
 # A rebalance that has given no assignment for the session timeout (a dead member of the
@@ -145,7 +146,6 @@ class KafkaSource:
         self._unclaimed, self._joining_since = None, time.monotonic()
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        # kafka-python's ConsumerRecord has Record's fields: passed on as it is.
         try:
             batches = self._poll(timeout_ms, max_records)
             if self._joining_since is not None and time.monotonic() - self._joining_since > self._join_watchdog_s:
@@ -176,7 +176,10 @@ class KafkaSource:
             return []
         records = []
         for tp, batch in batches.items():  # each batch in offset order: its last record says where it is
-            records += batch
+            # ConsumerRecord has Record's fields, others between them: made Records, which
+            # rankmeter._events reads by index (tuple.__new__: NamedTuple's __new__ is Python).
+            records += [_new(Record, (r.topic, r.partition, r.offset, r.key, r.value, r.headers or NO_HEADERS,
+                                      r.timestamp)) for r in batch]
             if batch:
                 self._positions[(tp.topic, tp.partition)] = batch[-1].offset + 1
         return records

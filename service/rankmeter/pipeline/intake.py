@@ -43,7 +43,7 @@ class Intake:
         # case), else record by record.
         start, n = 0, len(records)
         while start < n:
-            stop = run_end(records, start)
+            stop = run_end(records, start, Record)
             if not self._read_run(batch, records, start, stop, checked):
                 self._read_each(batch, records, start, stop, checked)
             start = stop
@@ -64,8 +64,11 @@ class Intake:
             return False
         if topic != self.impressions_topic and topic != self.feedback_topic:
             return False
-        events, misses, newest_ms, shown = self.decoder.plain.run(records, start, stop, batch.now_ms,
-                                                                  topic == self.feedback_topic)
+        try:  # (as record by record, impressions win when both topics have one name)
+            events, misses, newest_ms, shown = self.decoder.plain.run(records, start, stop, batch.now_ms,
+                                                                      topic != self.impressions_topic, Record)
+        except Exception:  # (MemoryError, say): record by record, where the Python path decides
+            return False
         advanced = batch.advanced.setdefault(p, {})
         at = 0  # (in the run)
         for miss in misses:  # the messages the C path leaves to the Python one, in their place
