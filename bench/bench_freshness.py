@@ -298,6 +298,9 @@ def run_backend(bootstrap: str, redis_url: str, backend: str, args, logs: Path) 
                 time.sleep(1.5)  # a sweep refreshes the open-query count
                 open_queries = next(v for (n, _), v in serve.metrics().items() if n == "rankmeter_open_queries")
                 out["open_queries"] = open_queries
+                if not open_queries:  # (the group rebalanced just then: the partitions are being claimed again)
+                    print(f"[{backend}] no open queries to count Redis bytes by (a rebalance?)", file=sys.stderr)
+                    continue
                 out["bytes_per_open_query"] = redis_bytes(redis_url, prefix) / open_queries
                 out["used_memory_per_open_query"] = (used_memory(redis_url) - memory_before) / open_queries
     finally:

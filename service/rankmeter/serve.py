@@ -1,6 +1,5 @@
 """`rankmeter serve`: wires a source, the pipeline, a store and the exporter, and runs the
-poll loop until SIGTERM or SIGINT (then finishes the batch, persists, closes the consumer).
-"""
+poll loop until SIGTERM or SIGINT (then finishes the batch, persists, closes the consumer)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def tune_gc() -> None:
 
 def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
     """Why and where from, beside the message's own headers."""
-    return [*(record.headers or []),
-            ("rankmeter.reason", reason.encode()),
+    return [*(record.headers or []), ("rankmeter.reason", reason.encode()),
             ("rankmeter.source.topic", record.topic.encode()),
             ("rankmeter.source.partition", str(record.partition).encode()),
             ("rankmeter.source.offset", str(record.offset).encode())]
@@ -77,9 +75,9 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
 
     inflight = InFlight(source)  # a batch's commit outstanding while the next is polled and decoded
     done: list[Checkpoint] = []  # settled since the loop last looked (a rebalance callback settles too)
-    last_lag = last_progress = last_ab = last_idle_sweep = time.monotonic()
-    ab_interval = AB_INTERVAL_S
-    consumed = 0
+    last_lag = last_progress = last_ab = last_idle_sweep = gathered = time.monotonic()
+    small = False  # the last batch was not full: the next one gathers for kafka.linger_ms
+    ab_interval, consumed = AB_INTERVAL_S, 0
     failures = 0  # batches the store failed in a row: the wait before reloading grows with them
     full = False  # the last of them failed for want of memory
     paused: set[int] = set()
@@ -156,7 +154,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 continue
             # With a commit in flight, take only what the consumer holds already: in a quiet
             # spell a blocking poll would hold the batch's confirmation for its whole timeout.
+            if small and (wait := k.linger_ms / 1000 - (time.monotonic() - gathered)) > 0:
+                stop.wait(wait)  # (kafka.linger_ms: caught up, a batch per record costs a commit an event)
             records = source.poll(0 if inflight.outstanding else k.poll_timeout_ms, k.max_poll_records)
+            gathered, small = time.monotonic(), 0 < len(records) < k.max_poll_records
             health.beat()
             _watch_source(source, health)
             batch = None
