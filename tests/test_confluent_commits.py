@@ -48,3 +48,49 @@ def test_flushed_without_waiting_and_a_lost_answer_not_waited_for() -> None:
     commits.sent_at = time.monotonic() - COMMIT_ANSWER_S - 1  # its answer never came
     commits.give({("t", 0): 4})
     assert consumer.sent[2:] == [{("t", 0): 4}]
+
+
+def test_a_flush_while_one_is_out_keeps_counting_both() -> None:
+    consumer = Consumer()
+    commits = OneCommitInFlight(consumer)
+    commits.give({("t", 0): 1})
+    commits.give({("t", 0): 2})
+    commits.flush()  # two out now
+    commits.give({("t", 0): 3})
+    commits.answered(None)
+    assert len(consumer.sent) == 2  # one still out: 3 waits
+    commits.answered(None)
+    assert consumer.sent[2:] == [{("t", 0): 3}]
+
+
+class FakeConsumer(Consumer):
+    """What ConfluentSource builds instead of librdkafka's Consumer: its settings kept."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        self.config = config
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_source_wires_the_answers_the_revocation_and_close(monkeypatch) -> None:
+    from rankmeter import config
+    from rankmeter.kafka import confluent
+
+    monkeypatch.setattr(confluent, "Consumer", FakeConsumer)
+    source = confluent.ConfluentSource(config.load(None, {}).kafka)
+    consumer = source.consumer
+    source.commit({("t", 0): 5})
+    source.commit({("t", 0): 6})
+    assert consumer.sent == [{("t", 0): 5}]
+    consumer.config["on_commit"](None, [])  # librdkafka's answer reaches the commits
+    assert consumer.sent[1:] == [{("t", 0): 6}]
+    # A revocation: the pipeline's revoke settles its last checkpoint (a commit, while one is
+    # out), then those offsets go at once, while the partitions are still ours.
+    source._on_revoke = lambda partitions: source.commit({("t", 0): 7})
+    source._revoked_cb(consumer, [confluent.TopicPartition("t", 0)])
+    assert consumer.sent[2:] == [{("t", 0): 7}]
+    source.commit({("t", 0): 8})  # (out: waits) ...
+    source.close()  # ... and goes at close
+    assert consumer.sent[3:] == [{("t", 0): 8}]

@@ -45,7 +45,7 @@ class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     poll_timeout_ms: int = 200
     # After a batch that was not full, the next gathers for this long from the previous poll:
     # a batch per record (caught up) would cost a Redis and a Kafka commit an event.
-    linger_ms: int = 10
+    gather_ms: int = 10
     # The Kafka client: kafka-python (the default, always installed) or confluent
     # (librdkafka, `pip install 'rankmeter[confluent]'`: faster, fetches in its own threads).
     backend: str = "kafka-python"
@@ -379,8 +379,8 @@ def _check(s: Settings) -> None:
              "must be at least 1")
     if s.kafka.max_poll_records < 1:
         fail("kafka.max_poll_records", "must be at least 1")
-    if not 0 <= s.kafka.linger_ms <= 1000:
-        fail("kafka.linger_ms", "must be from 0 to 1000")
+    if not 0 <= s.kafka.gather_ms <= 1000:
+        fail("kafka.gather_ms", "must be from 0 to 1000")
     if s.kafka.backend not in KAFKA_BACKENDS:
         fail("kafka.backend", f"must be {' or '.join(KAFKA_BACKENDS)}")
     if s.kafka.on_offsets_reset not in ("refuse", "resume"):

@@ -76,7 +76,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     inflight = InFlight(source)  # a batch's commit outstanding while the next is polled and decoded
     done: list[Checkpoint] = []  # settled since the loop last looked (a rebalance callback settles too)
     last_lag = last_progress = last_ab = last_idle_sweep = gathered = time.monotonic()
-    small = False  # the last batch was not full: the next one gathers for kafka.linger_ms
+    small = False  # the last batch was not full: the next one gathers for kafka.gather_ms
     ab_interval, consumed = AB_INTERVAL_S, 0
     failures = 0  # batches the store failed in a row: the wait before reloading grows with them
     full = False  # the last of them failed for want of memory
@@ -154,8 +154,8 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                 continue
             # With a commit in flight, take only what the consumer holds already: in a quiet
             # spell a blocking poll would hold the batch's confirmation for its whole timeout.
-            if small and (wait := k.linger_ms / 1000 - (time.monotonic() - gathered)) > 0:
-                stop.wait(wait)  # (kafka.linger_ms: caught up, a batch per record costs a commit an event)
+            if small and (wait := k.gather_ms / 1000 - (time.monotonic() - gathered)) > 0 and stop.wait(wait):
+                continue  # (kafka.gather_ms: caught up, a batch per record would cost a commit an event)
             records = source.poll(0 if inflight.outstanding else k.poll_timeout_ms, k.max_poll_records)
             gathered, small = time.monotonic(), 0 < len(records) < k.max_poll_records
             health.beat()

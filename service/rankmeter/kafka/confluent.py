@@ -5,7 +5,7 @@ batch is being read while the pipeline works on this one.
 Offsets, as with kafka-python, are resumed from the store: each assignment is claimed in
 the rebalance callback (which librdkafka runs on the thread calling `consume()`, so it may
 block on Redis) and the partitions start at the stored offsets. Kafka's committed offsets
-are written after each batch, for lag tooling only.
+are written after each batch (one commit in flight at a time), for lag tooling only.
 
 The rebalance protocol is the eager one, with range assignment: a member gets the same
 partition numbers of both co-partitioned topics, and every rebalance revokes everything
@@ -299,25 +299,28 @@ class OneCommitInFlight:
 
     def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
-        self.sent_at: float | None = None
+        self.unanswered = 0  # (a flush may send one while another is out)
+        self.sent_at = 0.0
         self.waiting: dict[tuple[str, int], int] = {}
 
     def give(self, offsets: dict[tuple[str, int], int]) -> None:
         self.waiting.update(offsets)
-        # (A commit whose answer never came, past librdkafka's own request timeout: not waited for.)
-        if self.sent_at is None or time.monotonic() - self.sent_at > COMMIT_ANSWER_S:
+        # (Commits whose answers never came, past librdkafka's own request timeout: not waited for.)
+        if self.unanswered and time.monotonic() - self.sent_at > COMMIT_ANSWER_S:
+            self.unanswered = 0
+        if not self.unanswered:
             self._send()
 
     def answered(self, error: KafkaError | None) -> None:
         """librdkafka's commit callback (on the polling thread)."""
-        self.sent_at = None
+        self.unanswered = max(self.unanswered - 1, 0)
         if error is not None:
             log.debug("commit to Kafka failed", extra={"error": error.str()})
-        self._send()
+        if not self.unanswered:
+            self._send()
 
     def flush(self) -> None:
-        """What waits, sent now without waiting for the answer (never blocking: the broker may be away)."""
-        self.sent_at = None
+        """What waits, sent now without waiting for an answer (never blocking: the broker may be away)."""
         self._send()
 
     def _send(self) -> None:
@@ -327,6 +330,7 @@ class OneCommitInFlight:
         try:
             self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                  asynchronous=True)
+            self.unanswered += 1
             self.sent_at = time.monotonic()
         except KafkaException as e:
             # For lag tooling only: the next batch's commit carries these offsets too.
