@@ -8,6 +8,7 @@ and however it is batched."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from collections import Counter
@@ -31,7 +32,7 @@ try:
 except ImportError:
     _events = None
 
-IN_CI = __import__("os").environ.get("CI", "").lower() in ("1", "true", "yes")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 pytestmark = pytest.mark.skipif(_events is None and not IN_CI,
                                 reason="the C decoder is not built (scripts/build_native.py)")
 
