@@ -18,6 +18,7 @@ from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables
 from rankmeter.events import query_hash
 from rankmeter.pipeline import IPW, PAIRS, Pipeline
+from rankmeter.pipeline import sweep
 from rankmeter.pipeline.position_bias import PositionBias
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 from rankmeter.source import Bus
@@ -83,6 +84,9 @@ def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions
                 i += 1
             if look and q % 1200 == 1199:  # every 10 minutes of event time, as serve does every 5 s
                 pipeline.look_at_position_bias(estimate_here=True)
+    # One batch more, empty: the harvest at the last watermark (a batching that read the
+    # last round in several batches has harvested there already).
+    pipeline.process([])
     if look:
         pipeline.look_at_position_bias(estimate_here=True)
     return pipeline, sim, store
@@ -157,8 +161,8 @@ def test_a_new_holder_of_partition_0_carries_the_stored_decision_on(run, monkeyp
     stored = fit.from_fields(store.load_running(name), SETTINGS.debias.ranks, 27)
     assert store.save_running(name, fit.to_fields(stored._replace(reason="poor_fit")))
     seen = []
-    decide = position_bias.decide
-    monkeypatch.setattr(position_bias, "decide", lambda *a: seen.append(a[3]) or decide(*a))
+    deciding = position_bias.deciding
+    monkeypatch.setattr(position_bias, "deciding", lambda *a: seen.append(a[3]) or deciding(*a))
     holder = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS + 12_000 * 500))
     holder.assign(store.partitions())
     holder.look_at_position_bias(estimate_here=True)
@@ -396,3 +400,53 @@ def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from
         {"query_id": "q", "action": "click", "doc_id": "d1", "timestamp": START_MS + 2000, "event_id": "again"}).encode())
     pipeline.process(bus.poll(0, 100))
     assert debiased().count == pytest.approx(1)
+
+
+HARVEST = PositionBias.harvest
+
+
+def harvest_burst(monkeypatch, budget: int, queries: int = 1_200) -> tuple[list[int], np.ndarray]:
+    """`queries` queries (20 texts, their documents rotated: pairs at many ranks) whose clicks
+    become final at once, when a late query moves the watermark 8 minutes on; then empty
+    batches. Returns the queries each batch harvested and the stored pair sums."""
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", budget)
+    monkeypatch.setattr(sweep, "HARVEST_PER_EVENT", 0.0)  # (the batches after the jump are empty)
+    sizes: list[int] = []
+    monkeypatch.setattr(PositionBias, "harvest", lambda self, due: (
+        sizes.append(sum(map(len, due.values()))), HARVEST(self, due)))
+    settings = config.load(None, {**ENV, "RANKMETER_WINDOWS_JUDGMENTS": "24h"})  # none closes in the jump
+    clock, bus, store = Clock(START_MS + 30_000), Bus(partitions=1), MemoryStore()
+    pipeline = Pipeline(settings, store, lambda r, why: None, clock)
+    topics = settings.kafka
+    bus.subscribe([topics.impressions_topic, topics.feedback_topic], pipeline.assign, pipeline.revoke)
+    docs = [f"d{i}" for i in range(5)]
+    for i in range(queries):
+        qid, ts, results = f"q{i}", START_MS + i * 10, docs[i % 5:] + docs[:i % 5]
+        bus.send(topics.impressions_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "ranker": "r", "timestamp": ts, "results": results, "user_query": f"t{i % 20}"}).encode())
+        bus.send(topics.feedback_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "action": "click", "doc_id": results[i % 3], "timestamp": ts + 1000,
+             "event_id": f"{qid}c"}).encode())
+    while records := bus.poll(0, 10_000):
+        pipeline.process(records)
+    assert sizes == []  # nothing final yet
+    late = START_MS + 8 * 60_000
+    clock.ms = late + 2000
+    one_query(pipeline, bus, "late", ["d0"], ["d0"], late)  # (both topics move on)
+    for _ in range(30):
+        pipeline.process([])
+    stored = store.load_ab([0]).get(0, {})
+    return sizes, np.frombuffer(stored[PAIRS]) if PAIRS in stored else np.zeros(0)
+
+
+def test_a_burst_of_final_queries_is_harvested_over_several_batches_with_the_same_sums(monkeypatch):
+    """A jump of the watermark makes 1,200 queries final at once: harvested at most
+    HARVEST_PER_BATCH a batch (harvesting them in one checkpoint held the next batch for
+    1.5 s, issue 24), every one of them once, and the sums are the same as in one go."""
+    budget = sweep.HARVEST_PER_BATCH
+    spread, spread_sums = harvest_burst(monkeypatch, budget)
+    at_once, at_once_sums = harvest_burst(monkeypatch, 10 ** 9)
+    assert at_once == [1_200]
+    assert len(spread) >= 3 and max(spread) <= budget and sum(spread) == 1_200
+    assert spread_sums.sum() > 0
+    np.testing.assert_allclose(spread_sums, at_once_sums, atol=1e-9)
