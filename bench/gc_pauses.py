@@ -36,6 +36,7 @@ def main() -> int:
         else:
             pauses[info["generation"]].append(time.perf_counter() - began[0])
 
+    gc.collect()  # (what importing left behind is not the pipeline's)
     gc.callbacks.append(timed)
     rate, cpu_us = bench_serve.pipeline_alone(args.events)
     gc.callbacks.remove(timed)

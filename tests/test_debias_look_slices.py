@@ -99,3 +99,34 @@ def test_a_result_under_a_claim_that_moved_on_is_neither_stored_nor_applied(harv
     assert pipeline.position_bias._pending is None
     assert harvested.load_running(NAME) == before
     assert pipeline.position_bias.look_result.at != 99.0
+
+
+def test_a_result_under_an_earlier_claim_of_partition_0_is_dropped(harvested):
+    pipeline = holder(harvested)
+    before = harvested.load_running(NAME)
+    pipeline.look_at_position_bias(estimate_here=True, now=77.0, budget_s=0.0)
+    begun_under = pipeline.partitions[0].epoch
+    pipeline.revoke([0])
+    pipeline.assign([0])  # claimed again: a new epoch
+    assert pipeline.partitions[0].epoch != begun_under
+    pipeline.advance_position_bias(float("inf"))
+    assert pipeline.position_bias._pending is None
+    assert harvested.load_running(NAME) == before and pipeline.position_bias.look_result.at != 77.0
+
+
+def test_an_estimate_that_fails_is_not_left_under_way(harvested, monkeypatch):
+    import rankmeter.pipeline.position_bias as position_bias
+
+    def failing(*a):
+        yield
+        raise FloatingPointError("the sums were not finite")
+
+    monkeypatch.setattr(position_bias, "deciding", failing)
+    pipeline = holder(harvested)
+    pipeline.look_at_position_bias(estimate_here=True, budget_s=0.0)
+    with pytest.raises(FloatingPointError):
+        pipeline.advance_position_bias(0.0)
+    assert pipeline.position_bias._pending is None
+    monkeypatch.undo()
+    pipeline.look_at_position_bias(estimate_here=True, now=5.0)  # the next look begins afresh
+    assert pipeline.position_bias.look_result.at == 5.0

@@ -12,8 +12,10 @@ walks it again; reference counting still frees it when its query closes.
 
 The price: a reference cycle that survives one young collection is never collected. The
 pipeline makes none among its state (measured: `gc.unfreeze(); gc.collect()` after 1 M
-events of the pipeline alone finds 0 unreachable objects; `tests/test_gc_tuning.py`);
-bench_soak's RSS over 5 M events is the check that it stays so.
+events of the pipeline alone finds 0 unreachable objects), nor does a failed commit
+(`inflight.py` breaks the one its traceback made: 40 failed 5 MB batches kept 207 MB
+alive before, review s14); `tests/test_gc_tuning.py` checks both in a process of its own.
+bench_soak's RSS over 5 M events is the check on the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 YOUNG_THRESHOLD = 50_000  # allocations between young collections (CPython's default: 700)
 
+_tuned: list[tuple[int, ...]] = []  # the thresholds before each tune() still in force
+
 
 def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
     if phase == "stop" and info["generation"] == 0:
@@ -31,16 +35,22 @@ def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
 
 def tune() -> None:
     """Freeze what exists now and what survives each young collection from now on; collect
-    the young rarely. Idempotent (tests run serve many times in one process)."""
+    the young rarely. Nested or concurrent (tests run serve many times in one process):
+    in force until the last `untune`."""
     gc.freeze()
+    _tuned.append(gc.get_threshold())
     gc.set_threshold(YOUNG_THRESHOLD, 50, 1000)
     if _freeze_survivors not in gc.callbacks:
         gc.callbacks.append(_freeze_survivors)
 
 
 def untune() -> None:
-    """CPython's own collection again (the end of serve inside a longer-lived process);
-    what was frozen stays frozen."""
-    if _freeze_survivors in gc.callbacks:
-        gc.callbacks.remove(_freeze_survivors)
-    gc.set_threshold(700, 10, 10)
+    """The thresholds from before the first `tune` once each has been undone (the end of
+    serve inside a longer-lived process); what was frozen stays frozen."""
+    if not _tuned:
+        return
+    before = _tuned.pop()
+    if not _tuned:
+        gc.set_threshold(*before)
+        if _freeze_survivors in gc.callbacks:
+            gc.callbacks.remove(_freeze_survivors)

@@ -28,7 +28,7 @@ AB_LOOK_SHARE = 0.1               # ... and no more of the consuming thread's ti
 AB_MAX_INTERVAL_S = 60.0          # ... but at least this often
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
 DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
-LOOK_SLICE_S, IDLE_LOOK_SLICE_S = 0.002, 0.05  # the propensities' estimate (~0.1 s) a batch, an empty poll
+LOOK_SLICE_S, IDLE_LOOK_SLICE_S = 0.002, 0.02  # the propensities' estimate (~0.1 s) a batch, an empty poll
 
 
 class _Stopped(Exception):
@@ -165,6 +165,10 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             after_settled()
             if reload[0]:
                 continue  # (the batch read is read again from the stored offsets)
+            # Nothing in flight now: the estimate's end reads the store and swaps the tables
+            # the checkpoint's thread harvests into. (A failed save: the next look estimates anew.)
+            with contextlib.suppress(*store.unavailable):
+                pipeline.advance_position_bias(LOOK_SLICE_S if records else IDLE_LOOK_SLICE_S)
             if batch is not None:
                 try:
                     checkpoint = pipeline.step(batch)  # the stages: sweep ... scoring
@@ -185,8 +189,6 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
                     exporter.batch_records.observe(len(records))
                 consumed += len(records)
             health.lost_problem = _lost_problem(pipeline)
-            with contextlib.suppress(*store.unavailable):  # (not stored: the next look estimates anew)
-                pipeline.advance_position_bias(LOOK_SLICE_S if records else IDLE_LOOK_SLICE_S)
             now = time.monotonic()
             if now - last_lag >= LAG_INTERVAL_S or now - last_ab >= ab_interval:
                 settle()  # the looks read the store and compare its marks with ours

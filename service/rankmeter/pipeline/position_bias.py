@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.config import Settings
+from rankmeter.config import Debias, Settings
 from rankmeter.debias import ipw, segments
 from rankmeter.debias.clickmodels import slots
 from rankmeter.debias.fit import Look, from_fields, to_fields
@@ -245,7 +245,8 @@ class PositionBias:
             if not vectors:
                 return
             previous = self.tables.look if self._looked else from_fields(self.store.load_running(self._name), d.ranks, slots(d.ranks))
-            self._pending = _Pending(deciding(sum(vectors), d.ranks, d.min_pairs, previous), now, self.held[0].epoch)
+            by_segment = held_segment_sums(self.held, self.tables, self.store, d.ranks, self.unreadable) if d.segment_curves else None
+            self._pending = _Pending(looking(d, sum(vectors), previous, by_segment, self._segment_kept), now, self.held[0].epoch)
             self.advance(budget_s)
             return
         stored = self.store.load_running(self._name)
@@ -265,29 +266,39 @@ class PositionBias:
                 if time.perf_counter() >= ends:
                     return
         except StopIteration as done:
-            found: Look = done.value._replace(at=pending.at)
+            found, curves = done.value
+            found = found._replace(at=pending.at)
+        except BaseException:
+            self._pending = None  # (its generator is dead: it would fail every later look)
+            raise
         self._pending = None
         held = self.held.get(0)
         if held is None or held.epoch != pending.epoch:
             return
-        d = self.settings.debias
         fields = to_fields(found)
-        curves: dict[str, list[float]] = {}
-        if d.segment_curves:
-            sums = held_segment_sums(self.held, self.tables, self.store, d.ranks, self.unreadable)
-            curves = segments.curves(sums, d.ranks, d.segment_min_pairs, self._segment_kept)
+        if self.settings.debias.segment_curves:
             fields[segments.KEY] = segments.to_field(curves, found.at)
-        self.store.save_running(self._name, fields, pending.epoch)
-        self._apply(found, curves)
+        if self.store.save_running(self._name, fields, pending.epoch):  # (False: fenced, another holder's)
+            self._apply(found, curves)
 
     @property
     def _name(self) -> str:
         return f"propensity|ranks={self.settings.debias.ranks}|min_pairs={self.settings.debias.min_pairs}"
 
     def _apply(self, found: Look, curves: dict[str, list[float]]) -> None:
-        self._looked = True
-        self._ideals = {}  # weighed anew, with the harvest since the last look
+        self._looked, self._ideals = True, {}  # (ideals weighed anew, with the harvest since the last look)
         self.tables.looked(found, curves)
+
+
+def looking(d: Debias, vector: np.ndarray, previous: Look | None, segment_sums: dict[str, np.ndarray] | None,
+            kept: dict[str, tuple[float, list[float] | None]]) -> Steps[tuple[Look, dict[str, list[float]]]]:
+    """A look's estimate: both click models and the fit test, then the segments' curves
+    (from the sums read at its start), yielding between EM iterations."""
+    found = yield from deciding(vector, d.ranks, d.min_pairs, previous)
+    curves: dict[str, list[float]] = {}
+    if segment_sums is not None:
+        curves = yield from segments.curving(segment_sums, d.ranks, d.segment_min_pairs, kept)
+    return found, curves
 
 
 def held_segment_sums(held: Mapping[int, PartitionState], tables: ModelTables, store: Store, ranks: int,

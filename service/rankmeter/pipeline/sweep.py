@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 
 from rankmeter.config import Settings, duration_ms
+from rankmeter.events import Impression
 from rankmeter.pipeline.context import Batch
 from rankmeter.pipeline.state import PartitionState
 from rankmeter.store import Store
@@ -22,12 +23,14 @@ SHOWN = "impression events"
 SWEEP_INTERVAL_MS = 1000    # how often closed and orphaned queries are looked for
 SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage's backlog
                             # closes over several batches, not in one huge read
-# Queries harvested per batch, all partitions together: this many, plus this many per event
-# in the batch. A jump of the watermark makes thousands final at once, and harvesting them
-# in one checkpoint (~90 µs a query) held the next batch for 1.5 s (issue 24). The share
-# per event is 2.5 times what traffic makes final (a query is ~5 events), so the harvest
-# keeps up at any rate and a burst drains over the next batches.
-HARVEST_PER_BATCH, HARVEST_PER_EVENT = 100, 0.5
+# Queries harvested per batch, all partitions together (~90 µs each, on the checkpoint's
+# thread): a few, plus a rate's worth for the wall time since the last batch, plus twice
+# what the batch's impressions can add to the queues (each queued with
+# debias.harvest_share probability). A jump of the watermark makes thousands final at
+# once: harvested in one checkpoint they held the next batch for 1.5 s (issue 24), and a
+# budget per batch alone let small batches spend a core on them. This way the harvest
+# keeps up at any rate and a burst drains at about HARVEST_PER_SECOND beyond it.
+HARVEST_PER_BATCH, HARVEST_PER_SECOND, HARVEST_INFLOW = 10, 1000, 2.0
 
 
 class Sweep:
@@ -40,6 +43,8 @@ class Sweep:
         self.topics = (settings.kafka.impressions_topic, settings.kafka.feedback_topic)
         self.feedback_topic = settings.kafka.feedback_topic
         self.settle_ms = duration_ms(settings.windows.list_settle)
+        self.harvest_share = settings.debias.harvest_share
+        self._last_harvest: float | None = None  # the wall time of the last batch's harvest
         self._last_ms = 0
         self._last_wall = 0.0
 
@@ -70,23 +75,46 @@ class Sweep:
             self.held[p].open_queries = open_count - len(qids)
             if qids:
                 batch.expired[p] = qids
+                self._harvest_closing(batch, p, qids, watermarks[p])
         if all(len(q) < SWEEP_LIMIT for q in batch.expired.values()):
             self._last_ms = now_ms  # else go on closing at the next batch
 
+    def _harvest_closing(self, batch: Batch, p: int, qids: list[str], watermark: int) -> None:
+        """The queries closed now that wait, final, in the partition's harvest queue: now,
+        past the budget (evicted with this batch, they would never have their turn)."""
+        queue, closing = self.held[p].harvest_queue, set(qids)
+        now = [qid for final_ms, qid in queue if final_ms <= watermark and qid in closing]
+        if now:
+            taken = set(now)
+            queue[:] = [item for item in queue if item[1] not in taken]
+            heapq.heapify(queue)
+            batch.harvest.setdefault(p, []).extend(now)
+
     def _harvest(self, batch: Batch, watermarks: dict[int, int]) -> None:
-        """The queries whose clicks are final, soonest first, at most HARVEST_PER_BATCH plus
-        HARVEST_PER_EVENT per event of the batch, shared by the partitions: a burst is
-        harvested over the next batches (a query that closes before its turn is left out:
-        a smaller sample, by time, not by its clicks)."""
-        events = sum(map(len, batch.work.values()))
-        budget = math.ceil((HARVEST_PER_BATCH + HARVEST_PER_EVENT * events) / max(len(watermarks), 1))
-        for p, wm in watermarks.items():
-            queue = self.held[p].harvest_queue
-            ready = []
-            while queue and queue[0][0] <= wm and len(ready) < budget:
-                ready.append(heapq.heappop(queue)[1])
-            if ready:
-                batch.harvest[p] = ready
+        """The queries whose clicks are final, soonest first, at most the budget above,
+        shared by the partitions: a burst is harvested over the next batches (one that
+        closes meanwhile is harvested as it closes: `_harvest_closing`)."""
+        impressions = sum(isinstance(e, Impression) for events in batch.work.values() for _, e in events)
+        wall, last = self.wall(), self._last_harvest
+        self._last_harvest = wall
+        elapsed = min(1.0, max(0.0, wall - last)) if last is not None else 0.0
+        budget = math.ceil(HARVEST_PER_BATCH + HARVEST_PER_SECOND * elapsed
+                           + HARVEST_INFLOW * self.harvest_share * impressions)
+        # Shared out in rounds, so that what one partition does not need goes to the others.
+        waiting = [p for p, wm in watermarks.items() if (q := self.held[p].harvest_queue) and q[0][0] <= wm]
+        while budget > 0 and waiting:
+            share = max(1, budget // len(waiting))
+            for p in list(waiting):
+                queue, wm, ready = self.held[p].harvest_queue, watermarks[p], batch.harvest.setdefault(p, [])
+                for _ in range(min(share, budget)):
+                    if not queue or queue[0][0] > wm:
+                        break
+                    ready.append(heapq.heappop(queue)[1])
+                    budget -= 1
+                if not queue or queue[0][0] > wm:
+                    waiting.remove(p)
+        for p in [p for p, ready in batch.harvest.items() if not ready]:
+            del batch.harvest[p]
 
     def _list_ready(self, p: int, ts: int, caught_up: set[tuple[str, int]]) -> bool:
         """Whether the list of a query at event time `ts` is complete: the partition's
