@@ -495,3 +495,31 @@ def test_a_burst_that_closes_in_the_same_sweep_is_harvested_whole(monkeypatch, j
     assert len(final) == (121 if judgments == "6m" else 300)
     assert sorted(q for q in observed if q.startswith("a")) == sorted(final)
     assert len(observed) == len(set(observed))  # each once
+
+
+def test_the_harvest_budget_is_shared_by_the_partitions_in_rounds(monkeypatch):
+    """What one partition does not need goes to the others, and a budget below one a
+    partition begins each batch at the next (review s14: none starves)."""
+    from types import SimpleNamespace
+
+    from rankmeter.pipeline.context import Batch
+    monkeypatch.setattr(sweep, "HARVEST_PER_SECOND", 0)
+    backlog = {0: 5, 1: 100, 2: 100}
+    held = {p: SimpleNamespace(harvest_queue=[(i, f"q{p}-{i}") for i in range(n)]) for p, n in backlog.items()}
+    s = sweep.Sweep(SETTINGS, MemoryStore(), held, lambda: 0.0)
+    watermarks = {p: 10 ** 6 for p in held}
+
+    def one_batch() -> dict[int, int]:
+        batch = Batch(START_MS, set())
+        s._harvest(batch, watermarks)
+        return {p: len(q) for p, q in batch.harvest.items()}
+
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", 60)
+    first = one_batch()
+    assert sum(first.values()) == 60 and first[0] == 5 and first[1] + first[2] == 55  # 0's unused share
+    assert abs(first[1] - first[2]) <= 1
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", 1)  # below one a partition
+    taken = [one_batch() for _ in range(4)]
+    assert all(sum(t.values()) == 1 for t in taken) and {p for t in taken for p in t} == {1, 2}
+    assert [len(held[p].harvest_queue) for p in (0, 1, 2)] == [0, 100 - first[1] - sum(t.get(1, 0) for t in taken),
+                                                               100 - first[2] - sum(t.get(2, 0) for t in taken)]

@@ -21,11 +21,13 @@ bench_soak's RSS over 5 M events is the check on the rest.
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any
 
 YOUNG_THRESHOLD = 50_000  # allocations between young collections (CPython's default: 700)
 
 _tuned: list[tuple[int, ...]] = []  # the thresholds before each tune() still in force
+_lock = threading.Lock()  # (serve runs in threads of one process in tests)
 
 
 def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
@@ -37,20 +39,22 @@ def tune() -> None:
     """Freeze what exists now and what survives each young collection from now on; collect
     the young rarely. Nested or concurrent (tests run serve many times in one process):
     in force until the last `untune`."""
-    gc.freeze()
-    _tuned.append(gc.get_threshold())
-    gc.set_threshold(YOUNG_THRESHOLD, 50, 1000)
-    if _freeze_survivors not in gc.callbacks:
-        gc.callbacks.append(_freeze_survivors)
+    with _lock:
+        gc.freeze()
+        _tuned.append(gc.get_threshold())
+        gc.set_threshold(YOUNG_THRESHOLD, 50, 1000)
+        if _freeze_survivors not in gc.callbacks:
+            gc.callbacks.append(_freeze_survivors)
 
 
 def untune() -> None:
     """The thresholds from before the first `tune` once each has been undone (the end of
     serve inside a longer-lived process); what was frozen stays frozen."""
-    if not _tuned:
-        return
-    before = _tuned.pop()
-    if not _tuned:
-        gc.set_threshold(*before)
-        if _freeze_survivors in gc.callbacks:
-            gc.callbacks.remove(_freeze_survivors)
+    with _lock:
+        if not _tuned:
+            return
+        before = _tuned.pop()
+        if not _tuned:
+            gc.set_threshold(*before)
+            if _freeze_survivors in gc.callbacks:
+                gc.callbacks.remove(_freeze_survivors)

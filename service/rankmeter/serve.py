@@ -3,7 +3,6 @@ poll loop until SIGTERM or SIGINT (then finishes the batch, persists, closes the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
@@ -166,9 +165,12 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             if reload[0]:
                 continue  # (the batch read is read again from the stored offsets)
             # Nothing in flight now: the estimate's end reads the store and swaps the tables
-            # the checkpoint's thread harvests into. (A failed save: the next look estimates anew.)
-            with contextlib.suppress(*store.unavailable):
+            # the checkpoint's thread harvests into. A failure: the next look begins afresh.
+            try:
                 pipeline.advance_position_bias(LOOK_SLICE_S if records else IDLE_LOOK_SLICE_S)
+            except Exception as e:  # (the store's failure: the next batch meets it and recovers)
+                if not isinstance(e, store.unavailable):
+                    log.exception("the propensities' estimate failed; the last one stays in use")
             if batch is not None:
                 try:
                     checkpoint = pipeline.step(batch)  # the stages: sweep ... scoring

@@ -31,6 +31,11 @@ SWEEP_LIMIT = 5000          # queries closed per partition and sweep: an outage'
 # budget per batch alone let small batches spend a core on them. This way the harvest
 # keeps up at any rate and a burst drains at about HARVEST_PER_SECOND beyond it.
 HARVEST_PER_BATCH, HARVEST_PER_SECOND, HARVEST_INFLOW = 10, 1000, 2.0
+# Queries closed by a sweep while they wait, final, to be harvested: harvested as they
+# close, this many at most a sweep (all partitions), soonest first; the rest of a burst
+# that closes at once (an outage's backlog, windows.judgments within attribution + grace)
+# is left out (a smaller sample, by time, not by clicks) rather than stall a batch.
+HARVEST_CLOSING = 1000
 
 
 class Sweep:
@@ -45,6 +50,7 @@ class Sweep:
         self.settle_ms = duration_ms(settings.windows.list_settle)
         self.harvest_share = settings.debias.harvest_share
         self._last_harvest: float | None = None  # the wall time of the last batch's harvest
+        self._turn = 0  # where the harvest's rounds begin (`_harvest`)
         self._last_ms = 0
         self._last_wall = 0.0
 
@@ -71,24 +77,30 @@ class Sweep:
                 batch.due[p] = ready
         if not watermarks:
             return
+        closing = HARVEST_CLOSING
         for p, (qids, open_count) in self.store.expired(watermarks, SWEEP_LIMIT, self.unreadable).items():
             self.held[p].open_queries = open_count - len(qids)
             if qids:
                 batch.expired[p] = qids
-                self._harvest_closing(batch, p, qids, watermarks[p])
+                closing -= self._harvest_closing(batch, p, qids, watermarks[p], closing)
         if all(len(q) < SWEEP_LIMIT for q in batch.expired.values()):
             self._last_ms = now_ms  # else go on closing at the next batch
 
-    def _harvest_closing(self, batch: Batch, p: int, qids: list[str], watermark: int) -> None:
+    def _harvest_closing(self, batch: Batch, p: int, qids: list[str], watermark: int, limit: int) -> int:
         """The queries closed now that wait, final, in the partition's harvest queue: now,
-        past the budget (evicted with this batch, they would never have their turn)."""
-        queue, closing = self.held[p].harvest_queue, set(qids)
-        now = [qid for final_ms, qid in queue if final_ms <= watermark and qid in closing]
+        past the budget (evicted with this batch, they would never have their turn), at
+        most `limit`, soonest first. Returns how many."""
+        queue = self.held[p].harvest_queue
+        if limit <= 0 or not queue or queue[0][0] > watermark:
+            return 0
+        closing = set(qids)
+        now = sorted(item for item in queue if item[0] <= watermark and item[1] in closing)[:limit]
         if now:
-            taken = set(now)
+            taken = {qid for _, qid in now}
             queue[:] = [item for item in queue if item[1] not in taken]
             heapq.heapify(queue)
-            batch.harvest.setdefault(p, []).extend(now)
+            batch.harvest.setdefault(p, []).extend(qid for _, qid in now)
+        return len(now)
 
     def _harvest(self, batch: Batch, watermarks: dict[int, int]) -> None:
         """The queries whose clicks are final, soonest first, at most the budget above,
@@ -100,8 +112,12 @@ class Sweep:
         elapsed = min(1.0, max(0.0, wall - last)) if last is not None else 0.0
         budget = math.ceil(HARVEST_PER_BATCH + HARVEST_PER_SECOND * elapsed
                            + HARVEST_INFLOW * self.harvest_share * impressions)
-        # Shared out in rounds, so that what one partition does not need goes to the others.
+        # Shared out in rounds, so that what one partition does not need goes to the others;
+        # each batch begins the rounds at the next partition (a budget below one a partition).
         waiting = [p for p, wm in watermarks.items() if (q := self.held[p].harvest_queue) and q[0][0] <= wm]
+        self._turn += 1
+        if waiting:
+            waiting = waiting[self._turn % len(waiting):] + waiting[:self._turn % len(waiting)]
         while budget > 0 and waiting:
             share = max(1, budget // len(waiting))
             for p in list(waiting):
