@@ -26,7 +26,7 @@ from pathlib import Path
 from rankmeter import config
 from rankmeter.exporter import Exporter, Health
 from rankmeter.pipeline import Pipeline
-from rankmeter.serve import tune_gc
+from rankmeter.gc_tuning import tune as tune_gc
 from rankmeter.source import Bus
 from rankmeter.store import MemoryStore
 

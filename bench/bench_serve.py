@@ -45,7 +45,7 @@ from serving import Serve, unique_topics  # noqa: E402  (the test harness's proc
 
 from rankmeter import config  # noqa: E402
 from rankmeter.pipeline import Pipeline  # noqa: E402
-from rankmeter.serve import tune_gc  # noqa: E402
+from rankmeter.gc_tuning import tune as tune_gc  # noqa: E402
 from rankmeter.source import Bus  # noqa: E402
 from rankmeter.store import MemoryStore  # noqa: E402
 

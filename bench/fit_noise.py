@@ -109,10 +109,10 @@ def run_serve(seed: int, zs: list[Rule], rate: float, duration: float, traffic_s
     topics = {"impressions": settings.kafka.impressions_topic, "feedback": settings.kafka.feedback_topic}
     bus.subscribe(list(topics.values()), pipeline.assign, pipeline.revoke)
     chains = Chains(zs)
-    real_decide = tables_module.decide
+    real_deciding = tables_module.deciding
 
-    def decide(vector, ranks, min_pairs, previous):
-        look = real_decide(vector, ranks, min_pairs, previous)
+    def deciding(vector, ranks, min_pairs, previous):
+        look = yield from real_deciding(vector, ranks, min_pairs, previous)
         chains.judge(vector, look)
         return look
 
@@ -122,7 +122,7 @@ def run_serve(seed: int, zs: list[Rule], rate: float, duration: float, traffic_s
 
     sent, next_read = 0, 0.0
     next_look = float(rng.uniform(0, LOOK_EVERY_S))
-    with mock.patch.object(position_bias, "decide", decide):
+    with mock.patch.object(position_bias, "deciding", deciding):
         while (elapsed := sent / rate) < duration:
             now[0] = START_MS / 1000 + elapsed
             for event in sim.query_events(int(now[0] * 1000), elapsed):  # as Simulator.run sends them

@@ -18,6 +18,7 @@ from rankmeter.debias.propensity import Propensities
 from rankmeter.debias.tables import ModelTables
 from rankmeter.events import query_hash
 from rankmeter.pipeline import IPW, PAIRS, Pipeline
+from rankmeter.pipeline import sweep
 from rankmeter.pipeline.position_bias import PositionBias
 from rankmeter.simulator.traffic import DEFAULT_RANKERS, Simulator
 from rankmeter.source import Bus
@@ -83,6 +84,9 @@ def simulate(seed: int, queries: int, examination: str = "power-0.9", partitions
                 i += 1
             if look and q % 1200 == 1199:  # every 10 minutes of event time, as serve does every 5 s
                 pipeline.look_at_position_bias(estimate_here=True)
+    # One batch more, empty: the harvest at the last watermark (a batching that read the
+    # last round in several batches has harvested there already).
+    pipeline.process([])
     if look:
         pipeline.look_at_position_bias(estimate_here=True)
     return pipeline, sim, store
@@ -157,8 +161,8 @@ def test_a_new_holder_of_partition_0_carries_the_stored_decision_on(run, monkeyp
     stored = fit.from_fields(store.load_running(name), SETTINGS.debias.ranks, 27)
     assert store.save_running(name, fit.to_fields(stored._replace(reason="poor_fit")))
     seen = []
-    decide = position_bias.decide
-    monkeypatch.setattr(position_bias, "decide", lambda *a: seen.append(a[3]) or decide(*a))
+    deciding = position_bias.deciding
+    monkeypatch.setattr(position_bias, "deciding", lambda *a: seen.append(a[3]) or deciding(*a))
     holder = Pipeline(SETTINGS, store, lambda r, why: None, Clock(START_MS + 12_000 * 500))
     holder.assign(store.partitions())
     holder.look_at_position_bias(estimate_here=True)
@@ -358,6 +362,8 @@ def test_a_query_harvested_and_expired_in_the_same_sweep_is_harvested(monkeypatc
     one_query(pipeline, bus, "late", ["d0"], ["d0"], late)  # (both topics move on)
     clock.ms = late + 7000
     pipeline.process(bus.poll(0, 100))
+    for _ in range(3):  # (those not closed may take a few batches: the harvest's budget)
+        pipeline.process([])
     assert sorted(q for q in observed if q.startswith("a")) == sorted(f"a{i}" for i in range(20))
     assert pipeline.readout.harvested() == len(observed)  # rankmeter_propensity_harvested_queries_total
 
@@ -396,3 +402,124 @@ def test_a_query_without_a_debiased_value_now_keeps_its_last_also_read_back_from
         {"query_id": "q", "action": "click", "doc_id": "d1", "timestamp": START_MS + 2000, "event_id": "again"}).encode())
     pipeline.process(bus.poll(0, 100))
     assert debiased().count == pytest.approx(1)
+
+
+HARVEST = PositionBias.harvest
+
+
+def harvest_burst(monkeypatch, budget: int, queries: int = 1_200, inflow: float = 0.0, share: float = 1.0,
+                  per_second: float = 0.0) -> tuple[list[int], np.ndarray]:
+    """`queries` queries (20 texts, their documents rotated: pairs at many ranks) whose clicks
+    become final at once, when a late query moves the watermark 8 minutes on; then empty
+    batches. Returns the queries each batch harvested and the stored pair sums."""
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", budget)
+    monkeypatch.setattr(sweep, "HARVEST_INFLOW", inflow)
+    monkeypatch.setattr(sweep, "HARVEST_PER_SECOND", per_second)
+    sizes: list[int] = []
+    monkeypatch.setattr(PositionBias, "harvest", lambda self, due: (
+        sizes.append(sum(map(len, due.values()))), HARVEST(self, due)))
+    settings = config.load(None, {**ENV, "RANKMETER_WINDOWS_JUDGMENTS": "24h",  # none closes in the jump
+                                  "RANKMETER_DEBIAS_HARVEST_SHARE": str(share)})
+    clock, bus, store, wall = Clock(START_MS + 30_000), Bus(partitions=1), MemoryStore(), [0.0]
+    pipeline = Pipeline(settings, store, lambda r, why: None, clock, lambda: wall[0])
+    topics = settings.kafka
+    bus.subscribe([topics.impressions_topic, topics.feedback_topic], pipeline.assign, pipeline.revoke)
+    docs = [f"d{i}" for i in range(5)]
+    for i in range(queries):
+        qid, ts, results = f"q{i}", START_MS + i * 10, docs[i % 5:] + docs[:i % 5]
+        bus.send(topics.impressions_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "ranker": "r", "timestamp": ts, "results": results, "user_query": f"t{i % 20}"}).encode())
+        bus.send(topics.feedback_topic, qid.encode(), json.dumps(
+            {"query_id": qid, "action": "click", "doc_id": results[i % 3], "timestamp": ts + 1000,
+             "event_id": f"{qid}c"}).encode())
+    while records := bus.poll(0, 10_000):
+        pipeline.process(records)
+    assert sizes == []  # nothing final yet
+    late = START_MS + 8 * 60_000
+    clock.ms = late + 2000
+    one_query(pipeline, bus, "late", ["d0"], ["d0"], late)  # (both topics move on)
+    for i in range(30):  # empty batches 1/8 s apart; with `inflow`, of one query each
+        wall[0] += 0.125
+        if inflow:
+            one_query(pipeline, bus, f"late{i}", ["d0"], ["d0"], late)
+        else:
+            pipeline.process([])
+    stored = store.load_ab([0]).get(0, {})
+    return sizes, np.frombuffer(stored[PAIRS]) if PAIRS in stored else np.zeros(0)
+
+
+def test_a_burst_of_final_queries_is_harvested_over_several_batches_with_the_same_sums(monkeypatch):
+    """A jump of the watermark makes 1,200 queries final at once: harvested at most
+    HARVEST_PER_BATCH a batch (100 here, and no share of the wall time), plus
+    HARVEST_INFLOW times the batch's inflow (harvesting them in one checkpoint held the
+    next batch for 1.5 s, issue 24), every one of them once, and the sums are the same as
+    in one go."""
+    budget = 100
+    spread, spread_sums = harvest_burst(monkeypatch, budget)
+    at_once, at_once_sums = harvest_burst(monkeypatch, 10 ** 9)
+    assert at_once == [1_200]
+    assert len(spread) >= 3 and max(spread) <= budget and sum(spread) == 1_200
+    assert spread_sums.sum() > 0
+    np.testing.assert_allclose(spread_sums, at_once_sums, atol=1e-9)
+    # The inflow: a batch of one impression harvests 2 more at harvest_share 1, 1 at 0.5.
+    assert harvest_burst(monkeypatch, 0, inflow=2.0)[0] == [2] * 30
+    assert harvest_burst(monkeypatch, budget, inflow=2.0)[0][:3] == [budget + 2] * 3
+    assert harvest_burst(monkeypatch, 0, inflow=2.0, share=0.5)[0] == [1] * 30
+    # The wall time's share: 1,000 a second, batches 1/8 s apart.
+    assert harvest_burst(monkeypatch, 0, per_second=1000)[0] == [125] * 9 + [75]
+
+
+@pytest.mark.parametrize("judgments, jump_minutes", [("6m", 8), ("24h", 1_500)])
+def test_a_burst_that_closes_in_the_same_sweep_is_harvested_whole(monkeypatch, judgments, jump_minutes):
+    """Past the budget: what the sweep closes while it waits to be harvested is harvested
+    as it closes (evicted with the batch, it would never have its turn; review s14)."""
+    observed: list[str] = []  # what reached the tables (an evicted query's record has no impression)
+    observe = ModelTables.observe
+    monkeypatch.setattr(ModelTables, "observe", lambda self, qid, *a: (observed.append(qid), observe(self, qid, *a)))
+    settings = config.load(None, {**ENV, "RANKMETER_WINDOWS_JUDGMENTS": judgments})
+    clock, bus = Clock(START_MS + 300_000), Bus(partitions=1)
+    pipeline = Pipeline(settings, MemoryStore(), lambda r, why: None, clock)
+    bus.subscribe([settings.kafka.impressions_topic, settings.kafka.feedback_topic], pipeline.assign, pipeline.revoke)
+    for i in range(300):
+        one_query(pipeline, bus, f"a{i}", ["d0", "d1", "d2"], ["d1"], START_MS + i * 1000)
+    assert observed == []
+    late = START_MS + jump_minutes * 60_000
+    clock.ms = late + 2000
+    one_query(pipeline, bus, "late", ["d0"], ["d0"], late)
+    for _ in range(10):  # (the sweep closes at most every second)
+        clock.ms += 2000
+        pipeline.process([])
+    # Every one whose clicks are final at the watermark (impression + attribution + grace),
+    # as when the whole burst was harvested at once (d0bb166: 121 and 300).
+    final = [f"a{i}" for i in range(300) if i * 1000 + 6 * 60_000 <= jump_minutes * 60_000]
+    assert len(final) == (121 if judgments == "6m" else 300)
+    assert sorted(q for q in observed if q.startswith("a")) == sorted(final)
+    assert len(observed) == len(set(observed))  # each once
+
+
+def test_the_harvest_budget_is_shared_by_the_partitions_in_rounds(monkeypatch):
+    """What one partition does not need goes to the others, and a budget below one a
+    partition begins each batch at the next (review s14: none starves)."""
+    from types import SimpleNamespace
+
+    from rankmeter.pipeline.context import Batch
+    monkeypatch.setattr(sweep, "HARVEST_PER_SECOND", 0)
+    backlog = {0: 5, 1: 100, 2: 100}
+    held = {p: SimpleNamespace(harvest_queue=[(i, f"q{p}-{i}") for i in range(n)]) for p, n in backlog.items()}
+    s = sweep.Sweep(SETTINGS, MemoryStore(), held, lambda: 0.0)
+    watermarks = {p: 10 ** 6 for p in held}
+
+    def one_batch() -> dict[int, int]:
+        batch = Batch(START_MS, set())
+        s._harvest(batch, watermarks)
+        return {p: len(q) for p, q in batch.harvest.items()}
+
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", 60)
+    first = one_batch()
+    assert sum(first.values()) == 60 and first[0] == 5 and first[1] + first[2] == 55  # 0's unused share
+    assert abs(first[1] - first[2]) <= 1
+    monkeypatch.setattr(sweep, "HARVEST_PER_BATCH", 1)  # below one a partition
+    taken = [one_batch() for _ in range(4)]
+    assert all(sum(t.values()) == 1 for t in taken) and {p for t in taken for p in t} == {1, 2}
+    assert [len(held[p].harvest_queue) for p in (0, 1, 2)] == [0, 100 - first[1] - sum(t.get(1, 0) for t in taken),
+                                                               100 - first[2] - sum(t.get(2, 0) for t in taken)]

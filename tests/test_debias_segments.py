@@ -85,8 +85,8 @@ def test_a_segment_is_estimated_anew_only_once_its_pairs_have_grown(monkeypatch)
     tables = fed(6000, 1, mobile=0.3)
     sums = tables.segments.vectors()
     calls: list[int] = []
-    estimate = segments.estimate
-    monkeypatch.setattr(segments, "estimate", lambda *a: calls.append(1) or estimate(*a))
+    estimating = segments.estimating
+    monkeypatch.setattr(segments, "estimating", lambda *a: calls.append(1) or estimating(*a))
     kept: dict = {}
     first = segments.curves(sums, K, 1000, kept)
     assert len(calls) == 2 and set(first) == {"mobile", "desktop"}

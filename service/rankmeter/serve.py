@@ -3,13 +3,13 @@ poll loop until SIGTERM or SIGINT (then finishes the batch, persists, closes the
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
 
+from rankmeter import gc_tuning
 from rankmeter.config import Settings
 from rankmeter.exporter import Exporter, Health
 from rankmeter.inflight import InFlight
@@ -27,19 +27,11 @@ AB_LOOK_SHARE = 0.1               # ... and no more of the consuming thread's ti
 AB_MAX_INTERVAL_S = 60.0          # ... but at least this often
 RECOVERY_BACKOFF_S = (0.5, 10.0)  # first and longest wait between tries to reach the store or the broker
 DELIVERY_WAIT_S = 5.0             # how long a batch waits for its dead letters' acknowledgements at a time
+LOOK_SLICE_S, IDLE_LOOK_SLICE_S = 0.002, 0.02  # the propensities' estimate (~0.1 s) a batch, an empty poll
 
 
 class _Stopped(Exception):
     """Stopping while a batch waited for the broker: the batch is not stored (replayed on restart)."""
-
-
-def tune_gc() -> None:
-    """The pipeline keeps many long-lived objects (query records, states, buckets) and
-    creates no reference cycles worth chasing: CPython's default thresholds would run
-    full collections over all of them again and again (measured: the pipeline alone goes
-    from ~98,000 to ~150,000 events/s). Collect rarely, and never rescan start-up objects."""
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 1000)
 
 
 def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
@@ -59,7 +51,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
     of refused. `clock` is the wall clock (windows end at its now; tests shift it), or an
     `EventClock` (history replays: now is the newest record consumed)."""
     stop = stop or threading.Event()
-    tune_gc()
+    gc_tuning.tune()
     health = Health()
     k = settings.kafka
     pipeline = Pipeline(settings, store, _dead_letters(source, k.dead_letter_topic, health, stop), clock=clock,
@@ -172,6 +164,13 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
             after_settled()
             if reload[0]:
                 continue  # (the batch read is read again from the stored offsets)
+            # Nothing in flight now: the estimate's end reads the store and swaps the tables
+            # the checkpoint's thread harvests into. A failure: the next look begins afresh.
+            try:
+                pipeline.advance_position_bias(LOOK_SLICE_S if records else IDLE_LOOK_SLICE_S)
+            except Exception as e:  # (the store's failure: the next batch meets it and recovers)
+                if not isinstance(e, store.unavailable):
+                    log.exception("the propensities' estimate failed; the last one stays in use")
             if batch is not None:
                 try:
                     checkpoint = pipeline.step(batch)  # the stages: sweep ... scoring
@@ -219,6 +218,7 @@ def run(settings: Settings, source: Source, store: Store, stop: threading.Event 
         source.close()
         store.close()
         exporter.stop()
+        gc_tuning.untune()
 
 
 def _dead_letters(source: Source, topic: str, health: Health, stop: threading.Event
@@ -299,7 +299,7 @@ def _look_at_experiment(pipeline: Pipeline, unavailable: tuple[type[Exception], 
     try:
         # Every replica weighs the debiased measures with the same propensities: partition
         # 0's holder estimates them, the others read its estimate.
-        pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions, now=time.time())
+        pipeline.look_at_position_bias(estimate_here=0 in pipeline.partitions, now=time.time(), budget_s=LOOK_SLICE_S)
         # Every replica: CUPED means in the store that are not its own (it lost them, another
         # process stored others) followed within a look's interval, not at the next claim.
         pipeline.experiments.covariates.resolve()

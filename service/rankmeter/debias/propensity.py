@@ -64,8 +64,8 @@ rankings, where the rank and the user's interest are confounded.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -293,9 +293,30 @@ class Propensities(NamedTuple):
     iterations: int
 
 
+T = TypeVar("T")
+Steps = Generator[None, None, T]  # a computation that yields between its steps and returns T
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run `steps` to the end; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iterations: int = 5000,
              tolerance: float = 1e-10) -> Propensities:
-    """AllPairs (Agarwal et al. 2019, §4.3) by expectation-maximisation on the pair sums.
+    """`estimating` at once."""
+    return finish(estimating(sums, min_pairs, max_iterations, tolerance))
+
+
+def estimating(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iterations: int = 5000,
+               tolerance: float = 1e-10) -> Steps[Propensities]:
+    """AllPairs (Agarwal et al. 2019, §4.3) by expectation-maximisation on the pair sums,
+    yielding after each iteration: serve spreads an estimate over its batches (a few ms
+    each), and the values are those of the same iterations at once.
 
     Each harvested impression of S_{k,k'} at rank k is a click when examined (E, P = p_k)
     and relevant (R, P = c_{k,k'}). EM over the hidden E and R (the regression-EM of Wang
@@ -348,6 +369,7 @@ def estimate(sums: PairSums, min_pairs: float = DEFAULT_MIN_PAIRS, max_iteration
         p, rel, spare = p_new, rel_new, rel
         if change < tolerance:
             break
+        yield
     relative: list[float | None] = [None] * k
     for i, rank in enumerate(use):
         relative[rank] = float(p[i] / p[0])

@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from rankmeter.debias.fit import MAX_RATIO, _excess
-from rankmeter.debias.propensity import Harvester, PairSums, Propensities, estimate
+from rankmeter.debias.propensity import Harvester, PairSums, Propensities, Steps, estimating, finish
 from rankmeter.logs import error_once
 
 log = logging.getLogger("rankmeter.store")
@@ -121,6 +121,12 @@ def curves(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float,
     `kept` (segment -> its pairs when last estimated, and what that found), updated here:
     a segment is estimated anew only once its pairs have grown by `REFRESH_GROWTH` (an EM
     costs about 50 ms: 21 segments at every look, every 5 s, would cost a second each)."""
+    return finish(curving(sums, ranks, min_pairs, kept))
+
+
+def curving(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float,
+            kept: dict[str, tuple[float, list[float] | None]] | None = None) -> Steps[dict[str, list[float]]]:
+    """`curves`, yielding between the estimates' iterations (`propensity.estimating`)."""
     kept = {} if kept is None else kept
     out = {}
     for segment, vector in sorted(sums.items()):
@@ -132,7 +138,7 @@ def curves(sums: Mapping[str, np.ndarray], ranks: int, min_pairs: float,
         if last is None or not last[0] <= pairs < last[0] * REFRESH_GROWTH:
             curve = None
             if found.pairs.sum(axis=1).min() >= min_pairs:  # (else no EM: it cannot qualify)
-                estimated = estimate(found, min_pairs)
+                estimated = yield from estimating(found, min_pairs)
                 if qualifies(estimated, min_pairs):
                     curve = [float(p) for p in estimated.relative]  # type: ignore[arg-type]
             last = kept[segment] = (pairs, curve)

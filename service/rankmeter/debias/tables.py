@@ -28,7 +28,16 @@ from rankmeter.debias.clickmodels import (
     slots,
 )
 from rankmeter.debias.fit import Look, initial, judge
-from rankmeter.debias.propensity import CLICKED, DEFAULT_MIN_SUPPORT, SHOWN, Harvester, PairSums, estimate
+from rankmeter.debias.propensity import (
+    CLICKED,
+    DEFAULT_MIN_SUPPORT,
+    SHOWN,
+    Harvester,
+    PairSums,
+    Steps,
+    estimating,
+    finish,
+)
 from rankmeter.debias import segments
 from rankmeter.debias.segments import SegmentHarvest
 from rankmeter.engine.query import first_occurrences
@@ -75,10 +84,16 @@ def split(vector: np.ndarray, ranks: int) -> tuple[PairSums, PairSums, np.ndarra
 
 def decide(vector: np.ndarray, ranks: int, min_pairs: float, previous: Look | None) -> Look:
     """A look from every partition's merged vector: both estimates and the fit test."""
+    return finish(deciding(vector, ranks, min_pairs, previous))
+
+
+def deciding(vector: np.ndarray, ranks: int, min_pairs: float, previous: Look | None) -> Steps[Look]:
+    """`decide`, yielding between the estimates' iterations (`propensity.estimating`)."""
     pbm, ubm, fit = split(vector, ranks)
-    # ubm's EM over its 27 slots, looser than pbm's: about 0.1 s a look.
-    return judge(estimate(pbm, min_pairs), estimate(ubm, min_pairs, UBM_ITERATIONS, UBM_TOLERANCE), fit,
-                 FitLayout(ranks), previous)
+    # ubm's EM over its 27 slots, looser than pbm's: about 0.1 s a look, at once.
+    pbm_found = yield from estimating(pbm, min_pairs)
+    ubm_found = yield from estimating(ubm, min_pairs, UBM_ITERATIONS, UBM_TOLERANCE)
+    return judge(pbm_found, ubm_found, fit, FitLayout(ranks), previous)
 
 
 def examination(relative: Sequence[float | None]) -> list[float]:

@@ -21,6 +21,7 @@ Redis: a `Source` feeds it, a `Store` keeps its state.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -268,10 +269,15 @@ class Pipeline:
         """One look at the experiment over every partition's stored sums (experiments.Experiments.look)."""
         return self.experiments.look(save)
 
-    def look_at_position_bias(self, estimate_here: bool, now: float = 0.0) -> None:
+    def look_at_position_bias(self, estimate_here: bool, now: float = 0.0, budget_s: float = math.inf) -> None:
         """Refresh the debiased measures' propensities (position_bias.PositionBias.look);
-        `now`: the wall time, epoch seconds, exported as the estimate's."""
-        self.position_bias.look(estimate_here, now)
+        `now`: the wall time, epoch seconds, exported as the estimate's; `budget_s`: how
+        long the estimate may run now, the rest in `advance_position_bias`."""
+        self.position_bias.look(estimate_here, now, budget_s)
+
+    def advance_position_bias(self, budget_s: float) -> None:
+        """The propensities' estimate under way, for `budget_s` more (none: nothing)."""
+        self.position_bias.advance(budget_s)
 
 
 def _views(held: Mapping[int, PartitionState], lock: threading.Lock, layout: Layout, windows: dict[str, int],

@@ -4,16 +4,19 @@ their fit test (debias/fit.py): while it fails, the debiased series are withdraw
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
-from rankmeter.config import Settings
+from rankmeter.config import Debias, Settings
 from rankmeter.debias import ipw, segments
 from rankmeter.debias.clickmodels import slots
 from rankmeter.debias.fit import Look, from_fields, to_fields
-from rankmeter.debias.propensity import Harvester, Propensities
-from rankmeter.debias.tables import ModelTables, decide, upgrade
+from rankmeter.debias.propensity import Harvester, Propensities, Steps
+from rankmeter.debias.tables import ModelTables, deciding, upgrade
 from rankmeter.debias.tables import unreadable as pairs_unreadable
 from rankmeter.engine import parse_all
 from rankmeter.join import QueryRecord
@@ -25,6 +28,14 @@ from rankmeter.unreadable import Unreadable
 # ideal over a thin harvest overstates (the top of noisy estimates), and a replay or a
 # catch-up reads hours of traffic between two looks.
 IDEAL_REFRESH_GROWTH = 1.25
+
+
+class _Pending(NamedTuple):
+    """A look's estimate under way (`PositionBias.advance`): its steps, its time, and the
+    claim of partition 0 it was begun under."""
+    steps: Steps[Look]
+    at: float
+    epoch: int
 
 
 class PositionBias:
@@ -47,6 +58,7 @@ class PositionBias:
         self._looked = False
         self._segment_kept: dict[str, tuple[float, list[float] | None]] = {}  # (segments.curves)
         self.harvested = 0  # queries observed by the harvest, since start (a batch refused later too)
+        self._pending: _Pending | None = None  # partition 0's holder: the estimate under way
 
     def _tables(self) -> ModelTables:
         d = self.settings.debias
@@ -97,7 +109,7 @@ class PositionBias:
         never stored (and will be replayed); the stored sums are what counts. The last
         look's parameters stay."""
         look, curves = self.tables.look, self.tables.curves
-        self.tables = self._tables()
+        self.tables, self._pending = self._tables(), None
         self.tables.looked(look, curves)
         self._ideals = {}
 
@@ -145,23 +157,7 @@ class PositionBias:
             ps.ab[PAIRS] = ps.pair_sums
             ps.dirty_ab.add(PAIRS)
             if on:
-                self._segment_deltas(p, ps, segments_before)
-
-    def _segment_deltas(self, p: int, ps: PartitionState, before: dict[str, np.ndarray]) -> None:
-        """What the partition's queries moved in each segment's sums, into its stored ones
-        (unreadable ones, `segments.unreadable`, counted and started afresh)."""
-        ranks = self.settings.debias.ranks
-        for segment, after in self.tables.segments.vectors().items():
-            moved = after - before[segment] if segment in before else after
-            if not moved.any():
-                continue
-            f = segments.field(segment)
-            stored = ps.ab.get(f)
-            if stored is not None and (why := segments.unreadable(stored, ranks)) is not None:
-                self.unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
-                stored = None
-            ps.ab[f] = (stored if stored is not None else np.zeros(2 * ranks ** 2)) + moved
-            ps.dirty_ab.add(f)
+                segment_deltas(self.tables, self.settings.debias.ranks, self.unreadable, p, ps, segments_before)
 
     def values(self, records: list[QueryRecord], values: np.ndarray, nums: np.ndarray,
                dens: np.ndarray) -> None:
@@ -232,48 +228,105 @@ class PositionBias:
             cached = self._ideals[key] = (self.tables.ideal_dcg(query, depth), support)
         return cached[0]
 
-    def look(self, estimate_here: bool, now: float = 0.0) -> None:
+    def look(self, estimate_here: bool, now: float = 0.0, budget_s: float = math.inf) -> None:
         """Refresh the click models the debiased measures use. Partition 0's holder
         estimates both from every partition's stored sums, runs the fit test (its previous
         decision, stored with the estimate, picks the thresholds: a new holder carries on
-        the hysteresis) and stores the result; the other replicas read it, so all weigh and
-        withdraw alike. `now`: the estimate's time (epoch seconds), stored and exported
-        with it (0: not known)."""
+        the hysteresis) and stores the result; the others read it, so all weigh and
+        withdraw alike. `now`: the estimate's time (epoch seconds; 0: not known). The
+        estimate runs for `budget_s` now and the rest in `advance` (serve: a few ms a
+        batch); a look begun meanwhile only advances it."""
         d = self.settings.debias
-        if not self.measures:
+        if not self.measures or self._pending is not None:
+            self.advance(budget_s)
             return
-        name = f"propensity|ranks={d.ranks}|min_pairs={d.min_pairs}"
         if estimate_here and 0 in self.held:  # partition 0's holder, fenced by its claim
             vectors = global_sums(self.store, d.ranks, self.unreadable)
             if not vectors:
                 return
-            previous = self.tables.look if self._looked else from_fields(self.store.load_running(name), d.ranks, slots(d.ranks))
-            found = decide(sum(vectors), d.ranks, d.min_pairs, previous)._replace(at=now)
-            fields = to_fields(found)
-            curves: dict[str, list[float]] = {}
-            if d.segment_curves:
-                curves = segments.curves(self._segment_sums(), d.ranks, d.segment_min_pairs, self._segment_kept)
-                fields[segments.KEY] = segments.to_field(curves, found.at)
-            self.store.save_running(name, fields, self.held[0].epoch)
-        else:
-            stored = self.store.load_running(name)
-            kept = from_fields(stored, d.ranks, slots(d.ranks))
-            if kept is None:
-                return
-            found = kept
-            curves = segments.from_field(stored.get(segments.KEY), d.ranks, kept.at) if d.segment_curves else {}
-        self._looked = True
-        self._ideals = {}  # weighed anew, with the harvest since the last look
+            previous = self.tables.look if self._looked else from_fields(self.store.load_running(self._name), d.ranks, slots(d.ranks))
+            by_segment = held_segment_sums(self.held, self.tables, self.store, d.ranks, self.unreadable) if d.segment_curves else None
+            self._pending = _Pending(looking(d, sum(vectors), previous, by_segment, self._segment_kept), now, self.held[0].epoch)
+            self.advance(budget_s)
+            return
+        stored = self.store.load_running(self._name)
+        if (kept := from_fields(stored, d.ranks, slots(d.ranks))) is not None:
+            self._apply(kept, segments.from_field(stored.get(segments.KEY), d.ranks, kept.at) if d.segment_curves else {})
+
+    def advance(self, budget_s: float) -> None:
+        """The estimate under way for `budget_s` more (an EM iteration at least); once it
+        ends, stored and applied, unless partition 0 was claimed again meanwhile."""
+        pending = self._pending
+        if pending is None:
+            return
+        ends = time.perf_counter() + budget_s
+        try:
+            while True:
+                next(pending.steps)
+                if time.perf_counter() >= ends:
+                    return
+        except StopIteration as done:
+            found, curves = done.value
+            found = found._replace(at=pending.at)
+        except BaseException:
+            self._pending = None  # (its generator is dead: it would fail every later look)
+            raise
+        self._pending = None
+        held = self.held.get(0)
+        if held is None or held.epoch != pending.epoch:
+            return
+        fields = to_fields(found)
+        if self.settings.debias.segment_curves:
+            fields[segments.KEY] = segments.to_field(curves, found.at)
+        if self.store.save_running(self._name, fields, pending.epoch):  # (False: fenced, another holder's)
+            self._apply(found, curves)
+
+    @property
+    def _name(self) -> str:
+        return f"propensity|ranks={self.settings.debias.ranks}|min_pairs={self.settings.debias.min_pairs}"
+
+    def _apply(self, found: Look, curves: dict[str, list[float]]) -> None:
+        self._looked, self._ideals = True, {}  # (ideals weighed anew, with the harvest since the last look)
         self.tables.looked(found, curves)
 
-    def _segment_sums(self) -> dict[str, np.ndarray]:
-        """Each segment's pair sums over every partition. The segments read: those whose
-        sums a held partition holds (partition 0's holder holds partition 0, and a segment
-        with enough support has queries in every partition), this process's, and the last
-        look's."""
-        known = {s for ps in self.held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
-        known |= set(self.tables.segments.tables) | set(self.tables.curves)
-        return segment_sums(self.store, known, self.settings.debias.ranks, self.unreadable)
+
+def looking(d: Debias, vector: np.ndarray, previous: Look | None, segment_sums: dict[str, np.ndarray] | None,
+            kept: dict[str, tuple[float, list[float] | None]]) -> Steps[tuple[Look, dict[str, list[float]]]]:
+    """A look's estimate: both click models and the fit test, then the segments' curves
+    (from the sums read at its start), yielding between EM iterations."""
+    found = yield from deciding(vector, d.ranks, d.min_pairs, previous)
+    curves: dict[str, list[float]] = {}
+    if segment_sums is not None:
+        curves = yield from segments.curving(segment_sums, d.ranks, d.segment_min_pairs, kept)
+    return found, curves
+
+
+def held_segment_sums(held: Mapping[int, PartitionState], tables: ModelTables, store: Store, ranks: int,
+                      unreadable: Unreadable) -> dict[str, np.ndarray]:
+    """Each segment's pair sums over every partition. The segments read: those whose sums
+    a `held` partition holds (partition 0's holder holds partition 0, and a segment with
+    enough support has queries in every partition), this process's, and the last look's."""
+    known = {s for ps in held.values() for f in ps.ab if (s := segments.segment_of(f)) is not None}
+    known |= set(tables.segments.tables) | set(tables.curves)
+    return segment_sums(store, known, ranks, unreadable)
+
+
+def segment_deltas(tables: ModelTables, ranks: int, unreadable: Unreadable, p: int, ps: PartitionState,
+                   before: dict[str, np.ndarray]) -> None:
+    """What partition `p`'s queries moved in each segment's sums (`tables` now against
+    `before`), into its stored ones (unreadable ones, `segments.unreadable`, counted and
+    started afresh)."""
+    for segment, after in tables.segments.vectors().items():
+        moved = after - before[segment] if segment in before else after
+        if not moved.any():
+            continue
+        f = segments.field(segment)
+        stored = ps.ab.get(f)
+        if stored is not None and (why := segments.unreadable(stored, ranks)) is not None:
+            unreadable.skip("experiment", f"{{{p}}}:ab", f, why)
+            stored = None
+        ps.ab[f] = (stored if stored is not None else np.zeros(2 * ranks ** 2)) + moved
+        ps.dirty_ab.add(f)
 
 
 def global_sums(store: Store, ranks: int, unreadable: Unreadable) -> list[np.ndarray]:
