@@ -5,9 +5,9 @@ for as long as its attribution or judgment window: hundreds of thousands of obje
 CPython's default thresholds would rescan again and again (measured: the pipeline alone
 goes from ~98,000 to ~150,000 events/s with fewer collections). Fewer collections are not
 enough: a collection of generation 1 walks every object that survived the young
-generation since the last one, which is the open state itself: 380–490 ms with the
-pipeline alone after 1 M events (`bench/bench_freshness.py`'s p99 at 5,000/s was that
-pause). So whatever survives a young collection is frozen (`gc.freeze`): no collection
+generation since the last one, which is the open state itself: 380–660 ms with every
+thread stopped, with the pipeline alone after 1 M events (`bench/gc_pauses.py
+--no-freeze`). So whatever survives a young collection is frozen (`gc.freeze`): no collection
 walks it again; reference counting still frees it when its query closes.
 
 The price: a reference cycle that survives one young collection is never collected. The

@@ -33,7 +33,7 @@ IDEAL_REFRESH_GROWTH = 1.25
 class _Pending(NamedTuple):
     """A look's estimate under way (`PositionBias.advance`): its steps, its time, and the
     claim of partition 0 it was begun under."""
-    steps: Steps[Look]
+    steps: Steps[tuple[Look, dict[str, list[float]]]]  # (`looking`: the look and the segments' curves)
     at: float
     epoch: int
 
