@@ -10,7 +10,9 @@ click on a third of them, all inside every window). Then the exporter serves it 
 exactly as serve does (`Exporter.start`) and the scrape is timed as a client sees it, for
 each format Prometheus may negotiate: the text format and OpenMetrics, each plain and
 gzipped. Medians over `--scrapes`; the figure to read is the ratio of the scrape time
-with the most open queries to that with the fewest, in the same run.
+with the most open queries to that with the fewest, in the same run. In process, means:
+collect + render with serve's writer (`rankmeter.exposition`) and with prometheus_client's
+(`generate_latest`), and collect alone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from prometheus_client import generate_latest
 
 from rankmeter import config
 from rankmeter.exporter import Exporter, Health
@@ -97,10 +101,12 @@ def measure(open_queries: int, scrapes: int) -> dict[str, tuple[float, int]]:
                 sizes.add(size)
                 encodings.add(encoding or "identity")
             results[name] = (statistics.median(times), max(sizes), ",".join(sorted(encodings)))
-        started = time.perf_counter()
-        for _ in range(scrapes):
-            exporter.render()
-        results["render"] = ((time.perf_counter() - started) / scrapes, 0, "")
+        for key, render in (("render", exporter.render), ("render_prometheus_client", lambda: generate_latest(exporter.registry)),
+                            ("collect", lambda: list(exporter.registry.collect()))):
+            started = time.perf_counter()
+            for _ in range(scrapes):
+                render()
+            results[key] = ((time.perf_counter() - started) / scrapes, 0, "")
     finally:
         exporter.stop()
     return results
@@ -126,9 +132,12 @@ def main() -> int:
             seconds, size, encoding = runs[n][name]
             print(f"| {n:,} | {name} | {seconds * 1000:.1f} ms | {size:,} | {encoding} |")
         print(f"| {n:,} | collect + render only, in process | {runs[n]['render'][0] * 1000:.1f} ms | | |")
+        print(f"| {n:,} | the same with prometheus_client's writer | {runs[n]['render_prometheus_client'][0] * 1000:.1f} ms | | |")
+        print(f"| {n:,} | collect only (the families, no text) | {runs[n]['collect'][0] * 1000:.1f} ms | | |")
     low, high = sizes[0], sizes[-1]
     for name in FORMATS:
         print(f"scrape_ratio_{name.replace('+', '_')}_{high}_vs_{low}={runs[high][name][0] / runs[low][name][0]:.2f}")
+    print(f"writer_ratio_ours_vs_prometheus_client={runs[high]['render'][0] / runs[high]['render_prometheus_client'][0]:.2f}")
     print(f"gzip_bytes_ratio_text={runs[high]['text+gzip'][1] / runs[high]['text'][1]:.3f}")
     save("scrape", {"low": low, "high": high, "series": runs[low]["series"][1], "scrapes": args.scrapes,
                     "scrape_seconds": {str(n): {name: runs[n][name][0] for name in FORMATS} for n in sizes},

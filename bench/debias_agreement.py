@@ -64,7 +64,7 @@ FULL_GAP = 0.372
 SERIES = ("truth", "raw", "ipw-estimated", "ipw-true")
 # nDCG@10 with a normaliser that does not come from the list: the pooled per-query-text
 # ideal (`Harvester.ideal_dcg`), and a constant (the ideal DCG@10 of ten grade-3 results).
-EXTRA = ("ipw-pooled-estimated", "ipw-pooled-true", "ipw-constant-estimated")
+EXTRA = ("ipw-pooled-estimated", "ipw-pooled-true", "ipw-constant-estimated", "ipw-pooled-estimated-micro")
 ROWS = [("nDCG@10", s) for s in SERIES + EXTRA] + [("DCG@10", s) for s in SERIES]
 MAX_GRADE = 3.0  # the default grade map's highest grade (purchase; judgments 0-3)
 CONSTANT_IDEAL = dcg_of([MAX_GRADE] * 10, 10)
@@ -82,7 +82,7 @@ LOOK_EVERY = 500  # queries between two looks at the propensities and the fit
 class Query:
     """One evaluated query: its list, the service's grades (implicit and explicit) and the
     hidden ones."""
-    __slots__ = ("ranker", "results", "implicit", "explicit", "truth", "ideal", "exported")
+    __slots__ = ("ranker", "results", "implicit", "explicit", "truth", "ideal", "exported", "exported_parts")
 
     def __init__(self, ranker: str, results: list[str], truth: Mapping[str, int]) -> None:
         self.ranker, self.results, self.truth = ranker, results, truth
@@ -90,6 +90,7 @@ class Query:
         self.explicit: dict[str, float] = {}
         self.ideal: dict[tuple[int, str], float | None] = {}  # (min support, weights) -> pooled ideal
         self.exported: float | None = None  # the service's debiased nDCG@10 (the chosen click model)
+        self.exported_parts: tuple[float, float] | None = None  # its DCG@10 and pooled ideal (micro's terms)
 
 
 def grade_of(value: dict, rules: Evaluation) -> float:
@@ -193,7 +194,8 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
             if ideal:
                 weighted = tables.weights(query.results, clicked, 10)
                 gains = [query.implicit.get(d, 0.0) * x for d, x in zip(first_occurrences(query.results), weighted)]
-                query.exported = dcg_of(gains, 10) / ideal
+                query.exported_parts = (dcg_of(gains, 10), ideal)
+                query.exported = query.exported_parts[0] / ideal
             window_queries.append(query)
     values = {
         "truth": macro(window_queries, lambda q: q.truth),
@@ -204,6 +206,10 @@ def run_seed(model: str, curve: str | None, seed: int, learn: int, window: int,
     wq = window_queries
     support, cap, explicit = main
     values["ipw-pooled-estimated"] = {"nDCG@10": per_ranker(wq, [q.exported for q in wq])}
+    # The same series' average="micro": Σ DCG@10 / Σ pooled ideal over a ranker's queries.
+    num = per_ranker(wq, [q.exported_parts and q.exported_parts[0] for q in wq])
+    den = per_ranker(wq, [q.exported_parts and q.exported_parts[1] for q in wq])
+    values["ipw-pooled-estimated-micro"] = {"nDCG@10": {r: num[r] / den[r] for r in num}}
     values["ipw-pooled-true"] = {"nDCG@10": per_ranker(wq, [
         pooled(q, w["true"], true, support, cap, explicit, "true") for q in wq])}
     # DCG@10 over a constant: every query counts (a query without a click scores 0).
@@ -307,8 +313,9 @@ def report(config: str, runs: list[dict], main: tuple[int, bool, bool]) -> str:
 
 def summary(runs: list[dict], config: str, gap: float) -> str:
     """The configuration's last line: the exported value (pooled IPW nDCG@10, where the fit
-    test kept it) right in how many seeds, its share of the true gap, the seeds withdrawn;
-    then raw click nDCG@10's, overall and in the withdrawn seeds."""
+    test kept it; average="macro") right in how many seeds, its share of the true gap, the
+    seeds withdrawn; the same for its average="micro"; then raw click nDCG@10's, overall
+    and in the withdrawn seeds."""
     n = len(runs)
     exported, raw, truth = (("nDCG@10", s) for s in ("ipw-pooled-estimated", "raw", "truth"))
     kept = [r for r in runs if r["valid"]]
@@ -316,6 +323,10 @@ def summary(runs: list[dict], config: str, gap: float) -> str:
     right = sum(r["gap"][exported] > 0 for r in kept)
     truth_gap = float(np.mean([r["gap"][truth] for r in runs]))
     share = float(np.mean([r["gap"][exported] for r in kept])) / truth_gap if kept else float("nan")
+    micro = ("nDCG@10", "ipw-pooled-estimated-micro")
+    micro_right = sum(r["gap"][micro] > 0 for r in kept)
+    micro_share = float(np.mean([r["gap"][micro] for r in kept])) / truth_gap if kept else float("nan")
+    mlo, mhi = wilson(micro_right, n)
     raw_right = sum(r["gap"][raw] > 0 for r in runs)
     raw_share = float(np.mean([r["gap"][raw] for r in runs])) / truth_gap
     lo, hi = wilson(right, n)
@@ -324,7 +335,8 @@ def summary(runs: list[dict], config: str, gap: float) -> str:
                        for x in sorted({r["reason"] for r in withdrawn})) or "-"
     models = ", ".join(f"{m} {sum(r['model'] == m for r in runs)}" for m in sorted({r["model"] for r in runs}))
     return (f"right={right}/{n} share={share:.2f} withdrawn={len(withdrawn)} ({config}, gap {gap:g}; "
-            f"right 95% CI {lo:.0%}-{hi:.0%}; true gap {truth_gap:.3f}; "
+            f"right 95% CI {lo:.0%}-{hi:.0%}; micro right={micro_right}/{n} {mlo:.0%}-{mhi:.0%} "
+            f"share={micro_share:.2f}; true gap {truth_gap:.3f}; "
             f"raw right={raw_right}/{n} {rlo:.0%}-{rhi:.0%} share={raw_share:.2f}; "
             f"raw right where withdrawn={sum(r['gap'][raw] > 0 for r in withdrawn)}/{len(withdrawn)}; "
             f"reasons {reasons}; model chosen: {models})")

@@ -9,19 +9,22 @@ clean on the output (tests/integration/test_serve.py checks it).
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily,
                                    Metric)
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 
+from rankmeter import exposition
 from rankmeter.ab import export as ab_export
 from rankmeter.debias.fit import REASONS, Look
 from rankmeter.pipeline import IPW
@@ -315,16 +318,34 @@ class Exporter:
         self._server: ThreadingWSGIServer | None = None
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text format, as a scrape gets it."""
+        return exposition.render(self.registry.collect(), openmetrics=False) or generate_latest(self.registry)
+
+    def _scrape(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """/metrics: what prometheus_client's app answers, written by `exposition.render`
+        where it can (a GET in the text format or OpenMetrics 1.0.0, without `name[]`)."""
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        openmetrics = exposition.format_of(encoder)
+        if (environ.get("REQUEST_METHOD") == "GET" and openmetrics is not None
+                and "name[]" not in parse_qs(environ.get("QUERY_STRING", ""))):
+            body = exposition.render(self.registry.collect(), openmetrics)
+            if body is not None:
+                headers = [("Content-Type", content_type)]
+                if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                    body = gzip.compress(body)
+                    headers.append(("Content-Encoding", "gzip"))
+                start_response("200 OK", headers)
+                return [body]
+        return self._metrics(environ, start_response)
 
     def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         """The WSGI app: /metrics is prometheus_client's (text or OpenMetrics as the scraper
-        asks, gzip when it accepts it), /healthz and /readyz are the probes. Its `?name[]=`
+        asks, gzip when it accepts it; see `_scrape`), /healthz and /readyz are the probes. Its `?name[]=`
         filter does not reach PipelineCollector's families: the collector has no
         `describe()`, so the registry does not know their names."""
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            return self._metrics(environ, start_response)
+            return self._scrape(environ, start_response)
         if path == "/healthz":
             ok = self.health.alive
             status, body = (200, b"ok\n") if ok else (503, b"stalled\n")
